@@ -1,0 +1,308 @@
+"""One sandboxed ipykernel: start, execute, interrupt, restart, shutdown.
+
+The kernel process is started by us (not by jupyter_client's KernelManager) so that we own its isolation wrapper,
+its process group and its death notification (a pidfd on the event loop). We talk to it with jupyter_client's
+``Session`` over IPC sockets: the shell channel for requests and the control channel for message-mode interrupts.
+The iopub channel is never subscribed: everything we need comes back in the execute_reply (see _kernel_side.py).
+
+Recovery ladder for an execution past ``Limits.wall_s``: interrupt; if the kernel is not idle within
+``Limits.interrupt_grace_s``, kill its whole process tree and replace it. Nothing here raises into the caller for
+anything the executed code does: every outcome is an ExecResult.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from jupyter_client.session import Session
+
+from .launch import kill_uid, launch_spec
+from .limits import Limits
+from .result import ExecResult, ToolCall
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 60.0
+
+
+class KernelStartError(RuntimeError):
+    """The kernel process could not be started (the message includes the tail of its log)."""
+
+
+class KernelProcess:
+    """One live kernel process and its sockets. Replaced wholesale when it dies."""
+
+    def __init__(self, limits: Limits, level: str):
+        self.limits = limits
+        self.level = level
+        self.kdir = tempfile.mkdtemp(prefix="replrl-kernel-")
+        self.dead = asyncio.get_running_loop().create_future()
+        self.pending: dict[str, asyncio.Future] = {}
+        self.proc: subprocess.Popen | None = None
+        self._pidfd: int | None = None
+        self._reader: asyncio.Task | None = None
+        self._closed = False
+
+    async def start(self) -> KernelProcess:
+        loop = asyncio.get_running_loop()
+        work = os.path.join(self.kdir, "work")
+        os.mkdir(work)
+        conn_file = os.path.join(self.kdir, "connection.json")
+        spec = launch_spec(self.level, self.limits, self.kdir, conn_file)
+        self.uid = spec.uid
+        key = secrets.token_hex(16)
+        ip = os.path.join(self.kdir, "k")
+        ports = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+        with open(conn_file, "w") as f:
+            json.dump({"transport": "ipc", "ip": ip, "key": key, "signature_scheme": "hmac-sha256", **ports}, f)
+        if spec.uid is not None:  # the kernel drops to this uid: it must own its directory
+            for path in (self.kdir, work, conn_file):
+                os.chown(path, spec.uid, spec.uid)
+        self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="replrl")
+        self._log = open(os.path.join(self.kdir, "kernel.log"), "wb")
+        self.proc = subprocess.Popen(spec.argv, env=spec.env or None, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._pidfd = os.pidfd_open(self.proc.pid)
+        loop.add_reader(self._pidfd, self._on_exit)
+        ctx = zmq.asyncio.Context.instance()
+        self.shell = ctx.socket(zmq.DEALER)
+        self.control = ctx.socket(zmq.DEALER)
+        for sock, port in ((self.shell, 1), (self.control, 4)):
+            sock.linger = 0
+            sock.connect(f"ipc://{ip}-{port}")
+        self._reader = asyncio.ensure_future(self._read(self.shell))
+        self._control_reader = asyncio.ensure_future(self._read(self.control))
+        reply = await self.request("kernel_info_request", {}, timeout=START_TIMEOUT_S)
+        if reply is None:
+            tail = self.log_tail()
+            self.kill()
+            raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {tail}")
+        return self
+
+    def _on_exit(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+        if not self.dead.done():
+            self.dead.set_result(True)
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead.done() and not self._closed
+
+    async def _read(self, sock: zmq.asyncio.Socket) -> None:
+        with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+            while True:
+                frames = await sock.recv_multipart(copy=True)
+                try:
+                    _, frames = self.session.feed_identities(frames, copy=True)
+                    msg = self.session.deserialize(frames, content=True, copy=True)
+                except Exception:  # a malformed or forged message: ignore it
+                    continue
+                fut = self.pending.pop(msg["parent_header"].get("msg_id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+
+    def send(self, msg_type: str, content: dict, *, control: bool = False) -> asyncio.Future:
+        msg = self.session.msg(msg_type, content)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[msg["header"]["msg_id"]] = fut
+        self.session.send(self.control if control else self.shell, msg)
+        return fut
+
+    async def wait(self, fut: asyncio.Future, timeout: float) -> dict | None:
+        """The reply, or None if the kernel died or ``timeout`` passed first."""
+        if not fut.done():
+            await asyncio.wait((fut, self.dead), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return fut.result() if fut.done() else None
+
+    async def request(self, msg_type: str, content: dict, timeout: float) -> dict | None:
+        return await self.wait(self.send(msg_type, content), timeout)
+
+    def log_tail(self, n: int = 600) -> str:
+        try:
+            with open(os.path.join(self.kdir, "kernel.log"), "rb") as f:
+                return f.read()[-n:].decode(errors="replace").strip() or "(no output)"
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL the whole process tree and free every resource. Idempotent, never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in (self._reader, getattr(self, "_control_reader", None)):
+            if task is not None:
+                task.cancel()
+        for sock in (getattr(self, "shell", None), getattr(self, "control", None)):
+            if sock is not None:
+                sock.close(linger=0)
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            if self.uid is not None and self.level == "rlimits":  # no pid namespace: find strays by uid
+                kill_uid(self.uid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        if self._pidfd is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if not self.dead.done():
+            self.dead.set_result(True)
+        for fut in self.pending.values():
+            fut.cancel()
+        self.pending.clear()
+        if hasattr(self, "_log"):
+            self._log.close()
+        shutil.rmtree(self.kdir, ignore_errors=True)
+
+
+Spawner = Callable[[], Awaitable[KernelProcess]]
+
+
+class Kernel:
+    """A sandboxed Python kernel with persistent state. Use ``async with Kernel(limits) as k``.
+
+    A kernel that dies (or is killed by the recovery ladder) is replaced by a fresh one: the result of the call
+    that lost it says ``restarted=True``, and later calls run on the new kernel.
+    """
+
+    def __init__(self, limits: Limits | None = None, tools: Sequence[str] = (), *, _spawn: Spawner | None = None):
+        self.limits = limits or Limits()
+        self.isolation = self.limits.resolve_isolation()
+        self.tools = tuple(tools)
+        self._spawn_fn = _spawn
+        self._proc: KernelProcess | None = None
+        self._replacing: asyncio.Task | None = None
+        self.restarts = 0
+
+    async def _spawn(self) -> KernelProcess:
+        proc = await (self._spawn_fn() if self._spawn_fn else KernelProcess(self.limits, self.isolation).start())
+        if self.tools:
+            await proc.request("execute_request", _exec_content("", op="tools", names=list(self.tools)), 30.0)
+        return proc
+
+    async def start(self) -> Kernel:
+        if self._proc is None:
+            self._proc = await self._spawn()
+        return self
+
+    async def __aenter__(self) -> Kernel:
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.proc.pid if self._proc and self._proc.proc else None
+
+    async def set_tools(self, names: Sequence[str]) -> None:
+        """Define recording functions (e.g. ``submit``) in the namespace; their calls come back as ToolCalls."""
+        self.tools = tuple(names)
+        proc = await self._ready()
+        await proc.request("execute_request", _exec_content("", op="tools", names=list(self.tools)), 30.0)
+
+    async def _ready(self) -> KernelProcess:
+        if self._replacing is not None:
+            await self._replacing
+            self._replacing = None
+        if self._proc is None or not self._proc.alive:
+            await self.restart()
+        assert self._proc is not None
+        return self._proc
+
+    def _lose(self, proc: KernelProcess) -> None:
+        """Kill ``proc`` and start its replacement in the background."""
+        proc.kill()
+        self.restarts += 1
+        self._proc = None
+        self._replacing = asyncio.ensure_future(self._replace())
+
+    async def _replace(self) -> None:
+        self._proc = await self._spawn()
+
+    async def execute(self, code: str, *, mode: str = "exec", timeout: float | None = None) -> ExecResult:
+        """Run ``code`` and return what happened. ``mode="single"`` is the interactive REPL mode (expression
+        values are echoed with repr, an unfinished compound statement returns ``incomplete=True``)."""
+        t0 = time.perf_counter()
+        try:
+            proc = await self._ready()
+        except KernelStartError as err:
+            return ExecResult("crashed", output="", error_name=type(err).__name__, restarted=True,
+                              duration_s=time.perf_counter() - t0)
+        wall = self.limits.wall_s if timeout is None else timeout
+        fut = proc.send("execute_request", _exec_content(code, op="run", mode=mode))
+        reply = await proc.wait(fut, wall)
+        status = "ok"
+        if reply is None and proc.alive:  # ran past the wall limit: interrupt, then give it a moment
+            status = "timeout"
+            proc.send("interrupt_request", {}, control=True)
+            reply = await proc.wait(fut, self.limits.interrupt_grace_s)
+            if reply is not None and (proc.level != "rlimits" or proc.uid is not None):  # kill strays
+                await proc.request("execute_request", _exec_content("", op="reap"), 1.0)
+        if reply is None:  # died, or would not stop
+            died = not proc.alive
+            tail = proc.log_tail() if died else ""
+            self._lose(proc)
+            if died:
+                log.info("sandboxed kernel died: %s", tail)
+            return ExecResult("crashed" if died and status != "timeout" else status, restarted=True,
+                              error_name=None, duration_s=time.perf_counter() - t0)
+        return _result(reply, status, time.perf_counter() - t0)
+
+    async def interrupt(self) -> None:
+        """Send a message-mode interrupt (KeyboardInterrupt in the running code)."""
+        if self._proc is not None and self._proc.alive:
+            self._proc.send("interrupt_request", {}, control=True)
+
+    async def restart(self) -> None:
+        """Replace the kernel process with a fresh one (all state is lost)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self.restarts += 1
+        self._proc = None
+        self._proc = await self._spawn()
+
+    async def shutdown(self) -> None:
+        """Kill the kernel and remove its files. Safe to call twice."""
+        if self._replacing is not None:
+            self._replacing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._replacing
+            self._replacing = None
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc = None
+
+
+def _exec_content(code: str, **opts: Any) -> dict:
+    return {"code": code, "silent": True, "store_history": False, "user_expressions": opts,
+            "allow_stdin": False, "stop_on_error": False}
+
+
+def _result(reply: dict, status: str, duration: float) -> ExecResult:
+    data = reply["content"].get("replrl")
+    if data is None:  # the kernel answered but not with our payload: treat as a broken kernel
+        return ExecResult("crashed", duration_s=duration, error_name=reply["content"].get("ename"))
+    error = data.get("error_name")
+    if status == "ok" and error:
+        status = "error"
+    return ExecResult(status, output=data["output"], error_name=error, duration_s=duration,
+                      truncated=data["truncated"], incomplete=data["incomplete"],
+                      tool_calls=[ToolCall(c["name"], c["args"], c.get("kwargs", {})) for c in data["calls"]])

@@ -1,0 +1,45 @@
+"""ExecResult: what one execution returned. Data, never exceptions."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "error", "timeout", "crashed"]
+
+
+@dataclass
+class ToolCall:
+    """A call the executed code made to a tool injected into the kernel (e.g. ``submit(18)``)."""
+
+    name: str
+    args: list[Any]
+    """Positional arguments, made JSON-friendly (int/float/str/bool/None kept; Fraction, Decimal -> str; else repr)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExecResult:
+    """The outcome of one ``Kernel.execute`` call.
+
+    ``status`` is ``ok`` (ran to completion), ``error`` (raised: see ``error_name``), ``timeout`` (ran past
+    ``Limits.wall_s`` and was interrupted) or ``crashed`` (the kernel died or had to be killed; it was replaced,
+    so the state of earlier executions is gone: ``restarted`` is True).
+    """
+
+    status: Status
+    output: str = ""
+    """Everything the code printed, stdout and stderr interleaved in order, capped at ``Limits.max_output_bytes``."""
+    error_name: str | None = None
+    """Exception class name when status is ``error`` (``"ZeroDivisionError"``, ``"SyntaxError"``, ...)."""
+    duration_s: float = 0.0
+    truncated: bool = False
+    """True when output went past the cap (the kernel stopped keeping it)."""
+    incomplete: bool = False
+    """REPL mode only: the source is an unfinished compound statement; nothing ran."""
+    restarted: bool = False
+    """The kernel was replaced during this call: variables from earlier executions are gone."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
