@@ -4,5 +4,9 @@ from .kernel import Kernel, KernelStartError
 from .limits import Limits, SandboxUnavailable
 from .pool import KernelPool
 from .result import ExecResult, ToolCall
+from .sync import SyncKernel, SyncKernelPool, run_sync
 
-__all__ = ["ExecResult", "Kernel", "KernelPool", "KernelStartError", "Limits", "SandboxUnavailable", "ToolCall"]
+__all__ = [
+    "ExecResult", "Kernel", "KernelPool", "KernelStartError", "Limits", "SandboxUnavailable", "SyncKernel",
+    "SyncKernelPool", "ToolCall", "run_sync",
+]

@@ -34,6 +34,7 @@ def _drop_privileges(uid, gid):
 if _CFG.get("uid") is not None and os.getuid() == 0:
     _drop_privileges(_CFG["uid"], _CFG["gid"])
 
+import asyncio  # noqa: E402
 import builtins  # noqa: E402
 import code  # noqa: E402
 import io  # noqa: E402
@@ -150,6 +151,7 @@ class ReplKernel(Kernel):
         self.namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins}
         self.interp = _Interpreter(self.namespace)
         self.calls = []
+        self._recursion_limit = None
         sys.stdin = io.StringIO("")  # input() fails at once with EOFError, as CPython's does without a stdin
         sys.displayhook = sys.__displayhook__
         sys.excepthook = sys.__excepthook__
@@ -177,13 +179,27 @@ class ReplKernel(Kernel):
             return self._reply(killed=_reap_strays(self.pid) if _CFG.get("may_reap") else 0)
         return self._reply(**self._run(code, opts.get("mode", "single")))
 
+    def _set_recursion_headroom(self):
+        """Give user code the recursion headroom of a plain interpreter (limit 1000 with its <stdin> frame at
+        depth 1), although it runs below ipykernel's frames; a limit the user set is left alone."""
+        if self._recursion_limit is not None and sys.getrecursionlimit() != self._recursion_limit:
+            return
+        depth, frame = 0, sys._getframe()
+        while frame is not None:
+            depth, frame = depth + 1, frame.f_back
+        self._recursion_limit = 1000 + depth + 3  # calibrated: `python -i` shows "repeated 996 more times"
+        sys.setrecursionlimit(self._recursion_limit)
+
     def _run(self, source, mode):
+        self._set_recursion_headroom()
         sys.stdout = sys.stderr = self.capture
         sys.stdin = io.StringIO("")
         self.interp.error_name = None
         self.calls = []
         exited = interrupted = False
         more = False
+        running_loop = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(None)  # user code sees no loop, as in a plain interpreter (asyncio.run)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             if mode == "single":
@@ -200,6 +216,7 @@ class ReplKernel(Kernel):
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             except KeyboardInterrupt:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+            asyncio.events._set_running_loop(running_loop)
         if os.getpid() != self.pid:  # a fork of the kernel made by user code must not serve requests
             os._exit(0)
         output, truncated = self.capture.take()

@@ -1,0 +1,217 @@
+"""Group-relative advantages: how line rewards and the final outcome become per-token advantages.
+
+Every estimator is a pure function of a padded batch (see ``batch_tensors``) and returns ``adv [B, T]``, zero
+wherever ``loss_mask`` is 0. Built-ins: ``"outcome"`` (GRPO: one number per episode) and ``"line"`` (per-line
+return-to-go, normalised per line index, mixed with the outcome advantage). Add your own by name::
+
+    @advantage_estimator("last_line_only")
+    def last_line_only(batch, **opts): ...          # -> [B, T]
+
+    adv = compute_advantages("last_line_only", batch)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from replrl.types import Trajectory
+
+Scale = Literal["std", "none"]
+Estimator = Callable[..., Tensor]
+
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+"""Advantage estimators by name; ``compute_advantages(kind, ...)`` looks ``kind`` up here."""
+
+
+def advantage_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Register ``fn(batch: dict[str, Tensor], **opts) -> adv [B, T]`` under ``name`` (a later one replaces it)."""
+
+    def register(fn: Estimator) -> Estimator:
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return register
+
+
+def compute_advantages(kind: str, batch: dict[str, Tensor], **opts) -> Tensor:
+    """Per-token advantages [B, T] from the estimator registered as ``kind`` ("outcome", "line", or yours)."""
+    if kind not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {kind!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
+    return ADVANTAGE_ESTIMATORS[kind](batch, **opts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def _group_norm(x: Tensor, present: Tensor, group: Tensor, scale: Scale, eps: float) -> Tensor:
+    """Normalise each column of x [B, L] within groups, over the rows where ``present`` [B, L] is True.
+
+    Deviations are means of pairwise differences, so equal values give exactly 0 (no rounding residue that a
+    tiny std would blow up).
+    """
+    if scale not in ("std", "none"):
+        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    x = x.float()                                                          # [B, L]
+    present = present.float()                                              # [B, L]
+    same = (group[:, None] == group[None, :]).float()                      # [B, B]
+    peers = same[:, :, None] * present[None, :, :]                         # [B, B', L]
+    count = peers.sum(1).clamp(min=1)                                      # [B, L]
+    diff = x[:, None, :] - x[None, :, :]                                   # [B, B', L]
+    dev = (peers * diff).sum(1) / count * present                          # [B, L]  x - group mean
+    if scale == "none":
+        return dev                                                         # [B, L]
+    std = ((peers * dev[None, :, :] ** 2).sum(1) / count).sqrt()           # [B, L]  unbiased=False
+    return dev / (std + eps) * present                                     # [B, L]
+
+
+def group_normalize(x: Tensor, group: Tensor, scale: Scale = "std", eps: float = 1e-6) -> Tensor:
+    """x [B] minus its group mean, divided by the group std (population) when scale="std" (GRPO); "none" is
+    Dr. GRPO (no division). A group whose values are all equal (or a group of one) gives exactly 0."""
+    present = torch.ones_like(x, dtype=torch.bool)                         # [B]
+    return _group_norm(x[:, None], present[:, None], group, scale, eps)[:, 0]  # [B]
+
+
+def per_token(adv: Tensor, loss_mask: Tensor) -> Tensor:
+    """Broadcast one advantage per episode [B] onto its sampled tokens: [B, T], 0 where loss_mask is 0."""
+    return adv[:, None] * loss_mask.float()                                # [B, T]
+
+
+def outcome_advantages(outcome: Tensor, line_rewards: Tensor, group: Tensor, scale: Scale = "std") -> Tensor:
+    """GRPO: the episode's total reward (outcome + every line reward) normalised within its group -> [B].
+
+    ``line_rewards`` [B, L] must be 0-padded beyond each episode's lines (``batch_tensors`` does that).
+    """
+    total = outcome.float() + line_rewards.float().sum(-1)                 # [B]
+    return group_normalize(total, group, scale)                            # [B]
+
+
+def line_returns(line_rewards: Tensor, n_lines: Tensor, gamma: float = 1.0) -> Tensor:
+    """Return-to-go per line: R_l = sum_{l <= k < n_lines} gamma^(k-l) r_k -> [B, L] (0 beyond n_lines)."""
+    L = line_rewards.shape[1]
+    ar = torch.arange(L, device=line_rewards.device)                       # [L]
+    real = ar[None, :] < n_lines[:, None]                                  # [B, L]
+    r = line_rewards.float() * real                                        # [B, L]
+    power = (ar[None, :] - ar[:, None]).clamp(min=0).float()               # [L(l), L(k)]  k - l
+    discount = torch.full((L, L), float(gamma), device=r.device).pow(power).triu()  # [L, L]  gamma^(k-l), k >= l
+    return r @ discount.T                                                  # [B, L]
+
+
+def line_advantages(
+    line_rewards: Tensor,
+    n_lines: Tensor,
+    outcome: Tensor,
+    group: Tensor,
+    line_index: Tensor,
+    loss_mask: Tensor,
+    gamma: float = 1.0,
+    line_weight: float = 0.5,
+    scale: Scale = "std",
+) -> Tensor:
+    """Per-line credit: each line's return-to-go, normalised per line index within the group -> adv [B, T].
+
+    Estimator. For episode i with lines 0..n_i-1 and line rewards r_ik, the return-to-go of line l is
+    R_il = sum_{l <= k < n_i} gamma^(k-l) r_ik. Within a group, line l of episode i is compared with line l of
+    the other episodes that *have* a line l: A_il = (R_il - mean_j R_jl) / (std_j R_jl + eps) (no division when
+    scale="none"). That value goes on line l's sampled tokens, and the token's advantage is
+    ``line_weight * A_il + (1 - line_weight) * A_i`` where A_i is the outcome (GRPO) advantage of the episode
+    (``outcome_advantages``: outcome + all line rewards). The outcome reward is *not* in R_il; it reaches the lines
+    only through A_i. Sampled tokens that belong to no line (``line_index == -1``, e.g. a line cut off before it
+    ran) get A_i alone.
+
+    Bias, concretely:
+    - The baseline for line l is the group's mean at the same *index*, not the value of the state the line was
+      written in. Line 2 of one episode may be ``import math`` while line 2 of another is ``submit(x)``; the
+      comparison is between positions, not situations, so it is a crude (high-variance) baseline.
+    - With different episode lengths it is biased. Episodes that stopped early (submitted, crashed, ran out)
+      drop out of the baselines of later lines, so line l is compared with a shrinking, *selected* set: the
+      episodes that chose to keep going. An episode's last line is often compared with nobody: a line index that
+      only one episode of the group reached gets a line part of exactly 0, whatever it earned (e.g. episodes of
+      3 and 2 lines: line 2 of the first gets only (1 - line_weight) * A_i).
+    - gamma = 1: R_i0 is the episode's total line reward, so line 0 gets the same signal (minus the outcome) as
+      the outcome estimator, and later lines lose credit for what happened before them. gamma < 1 makes a line
+      answer mostly for its own reward and its near successors (gamma = 0: each line's own reward only).
+    - Normalising per index with "std" divides by a standard deviation estimated from few episodes (often 2-3
+      at late indices), which inflates small differences to +-1; scale="none" avoids that at the cost of scale.
+    """
+    L = line_rewards.shape[1]
+    real = torch.arange(L, device=line_rewards.device)[None, :] < n_lines[:, None]   # [B, L]
+    returns = line_returns(line_rewards, n_lines, gamma)                   # [B, L]
+    line_adv = _group_norm(returns, real, group, scale, 1e-6)              # [B, L]
+    has_line = (line_index >= 0) & (loss_mask > 0)                         # [B, T]
+    line_part = line_adv.gather(1, line_index.clamp(min=0, max=max(L - 1, 0)))  # [B, T]
+    episode_adv = outcome_advantages(outcome, line_rewards, group, scale)  # [B]
+    outcome_part = per_token(episode_adv, loss_mask)                       # [B, T]
+    mixed = line_weight * line_part + (1 - line_weight) * outcome_part     # [B, T]
+    return torch.where(has_line, mixed, outcome_part)                      # [B, T]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Built-in estimators
+
+
+@advantage_estimator("outcome")
+def _outcome(batch: dict[str, Tensor], scale: Scale = "std") -> Tensor:
+    adv = outcome_advantages(batch["outcome"], batch["line_rewards"], batch["group"], scale)  # [B]
+    return per_token(adv, batch["loss_mask"])                              # [B, T]
+
+
+@advantage_estimator("line")
+def _line(batch: dict[str, Tensor], gamma: float = 1.0, line_weight: float = 0.5, scale: Scale = "std") -> Tensor:
+    keys = ("line_rewards", "n_lines", "outcome", "group", "line_index", "loss_mask")
+    return line_advantages(*(batch[k] for k in keys), gamma=gamma, line_weight=line_weight, scale=scale)  # [B, T]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trajectories -> padded tensors
+
+
+def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, Tensor]:
+    """Right-pad B trajectories to T = the longest one; L = the most lines (at least 1).
+
+    Returns input_ids [B, T] long (pad_id), attention_mask [B, T] long, loss_mask [B, T] float (1 exactly on
+    sampled tokens), old_logprobs [B, T] float (0 where loss_mask is 0), line_index [B, T] long (line of each
+    sampled token from ``Line.token_span``, -1 elsewhere), line_rewards [B, L] float (sum of the line's terms,
+    0-padded), n_lines [B] long, outcome [B] float (sum of ``outcome_rewards``), group [B] long.
+    """
+    if not trajectories:
+        raise ValueError("batch_tensors needs at least one trajectory")
+    B = len(trajectories)
+    T = max(len(tr.token_ids) for tr in trajectories)
+    L = max(1, max(len(tr.lines) for tr in trajectories))
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, T, dtype=torch.long)
+    loss_mask = torch.zeros(B, T)
+    old_logprobs = torch.zeros(B, T)
+    line_index = torch.full((B, T), -1, dtype=torch.long)
+    line_rewards = torch.zeros(B, L)
+    for i, tr in enumerate(trajectories):
+        n = len(tr.token_ids)
+        if len(tr.loss_mask) != n or len(tr.logprobs) != n:
+            raise ValueError(f"trajectory {i}: token_ids, loss_mask and logprobs differ in length")
+        input_ids[i, :n] = torch.tensor(tr.token_ids, dtype=torch.long)
+        attention_mask[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(tr.loss_mask, dtype=torch.float)
+        old_logprobs[i, :n] = torch.tensor(tr.logprobs, dtype=torch.float) * loss_mask[i, :n]
+        for k, line in enumerate(tr.lines):
+            start, end = line.token_span
+            if not 0 <= start <= end <= n:
+                raise ValueError(f"trajectory {i} line {k}: token_span {line.token_span} outside [0, {n}]")
+            line_index[i, start:end] = k
+            line_rewards[i, k] = sum(line.rewards.values())
+    line_index = line_index.masked_fill(loss_mask == 0, -1)                # [B, T]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "loss_mask": loss_mask,
+        "old_logprobs": old_logprobs,
+        "line_index": line_index,
+        "line_rewards": line_rewards,
+        "n_lines": torch.tensor([len(tr.lines) for tr in trajectories], dtype=torch.long),
+        "outcome": torch.tensor([float(sum(tr.outcome_rewards.values())) for tr in trajectories]),
+        "group": torch.tensor([tr.group for tr in trajectories], dtype=torch.long),
+    }

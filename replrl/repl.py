@@ -1,0 +1,116 @@
+"""CPython REPL semantics over a sandboxed kernel.
+
+Feed a ``ReplSession`` one line at a time; it answers with what the interpreter printed and the next prompt
+(``>>> `` or ``... ``), exactly as ``code.InteractiveConsole`` would: lines are buffered until ``codeop`` says the
+statement is complete (a blank line closes a block), expression values are echoed with ``repr``, tracebacks are
+CPython's plain ones against ``<stdin>``. The buffering decision is made here (no round trip for a ``... `` line);
+complete statements run in the kernel through CPython's own ``code.InteractiveInterpreter``, which is therefore
+the single authority on what is printed.
+"""
+
+from __future__ import annotations
+
+import codeop
+import sys
+from dataclasses import dataclass, field
+
+from sandbox import ExecResult, Kernel, ToolCall
+
+PS1 = ">>> "
+PS2 = "... "
+BANNER = (f"Python {sys.version} on {sys.platform}\n"
+          'Type "help", "copyright", "credits" or "license" for more information.\n')
+TRUNCATED_MARKER = "[... output truncated ...]\n"
+RESTART_MARKER = {
+    "timeout": "[execution timed out and the kernel was restarted: all variables are gone]\n",
+    "crashed": "[the Python process crashed and was restarted: all variables are gone]\n",
+}
+
+
+@dataclass
+class ReplStep:
+    """What happened after one line was fed."""
+
+    line: str
+    prompt: str
+    """The prompt the line was typed at."""
+    output: str
+    """What the interpreter printed (empty while a block is being buffered)."""
+    next_prompt: str
+    result: ExecResult | None = None
+    """The kernel's result when the line completed a statement; None when it was only buffered."""
+
+    @property
+    def status(self) -> str:
+        """ok / error / timeout / crashed for executed statements, ``incomplete`` for a buffered line."""
+        return "incomplete" if self.result is None else self.result.status
+
+    @property
+    def env_text(self) -> str:
+        """The text the environment appends after the line's newline: output, then the next prompt."""
+        return self.output + self.next_prompt
+
+
+@dataclass
+class ReplSession:
+    """An interactive session on one kernel. ``transcript`` holds the text a person (or the model) would see."""
+
+    kernel: Kernel
+    banner: str = BANNER
+    buffer: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._compiler = codeop.CommandCompiler()
+        self.transcript = self.banner + PS1
+
+    @property
+    def prompt(self) -> str:
+        return PS2 if self.buffer else PS1
+
+    async def feed(self, line: str) -> ReplStep:
+        """Type ``line`` (no newline) at the current prompt."""
+        if "\n" in line:
+            raise ValueError("ReplSession.feed takes one line without a newline")
+        prompt = self.prompt
+        self.buffer.append(line)
+        source = "\n".join(self.buffer)
+        result = None
+        output = ""
+        if self._needs_more(source):
+            pass
+        elif _blank(source):  # nothing to run: CPython compiles it to `pass`
+            self.buffer.clear()
+        else:
+            result = await self.kernel.execute(source, mode="single")
+            if result.incomplete:  # the kernel is the authority; keep buffering
+                result = None
+            else:
+                self.buffer.clear()
+                output = render_output(result)
+                self.tool_calls.extend(result.tool_calls)
+                if result.restarted:
+                    self._compiler = codeop.CommandCompiler()
+        step = ReplStep(line=line, prompt=prompt, output=output, next_prompt=self.prompt, result=result)
+        self.transcript += line + "\n" + step.env_text
+        return step
+
+    def _needs_more(self, source: str) -> bool:
+        try:
+            return self._compiler(source, "<stdin>", "single") is None
+        except (OverflowError, SyntaxError, ValueError):
+            return False  # let the kernel compile it and print the error
+
+
+def render_output(result: ExecResult) -> str:
+    """The text the REPL shows for an executed statement, with markers for truncation and restarts."""
+    output = result.output
+    if result.truncated:
+        output += ("" if output.endswith("\n") else "\n") + TRUNCATED_MARKER
+    if result.restarted:
+        output += RESTART_MARKER.get(result.status, RESTART_MARKER["crashed"])
+    return output
+
+
+def _blank(source: str) -> bool:
+    return all(not s.strip() or s.strip().startswith("#") for s in source.split("\n"))

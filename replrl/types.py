@@ -1,0 +1,121 @@
+"""The shared vocabulary: Line, Trajectory, SamplingParams, LineSample. Plain data, JSON-serialisable."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+LineStatus = Literal["ok", "error", "timeout", "crashed", "incomplete"]
+FinishReason = Literal["newline", "eos", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are sampled. Defaults are plain sampling (temperature 1, no truncation), as GRPO expects.
+
+    The log-probabilities a backend returns are those of the distribution it actually sampled from: logits divided
+    by ``temperature``, tokens that contain a newline anywhere but at their end removed (the line rule), then
+    top-k / top-p truncation. ``replrl.backends.sampling.sampling_logprobs`` computes that quantity, and the
+    trainer calls the same function, so sampler and trainer agree exactly.
+    """
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables it."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 disables it."""
+    max_line_tokens: int = 96
+    """A line longer than this ends the episode (end reason ``overlong_line``)."""
+    max_lines: int = 24
+    """Lines (executed statements, block lines included) per episode."""
+    max_total_tokens: int = 1536
+    """Prompt plus everything generated and spliced."""
+    seed: int | None = None
+    """Seed for the sampler's random generator (None: nondeterministic)."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError("sampling.temperature must be > 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("sampling.top_p must be in (0, 1]")
+        if self.top_k < 0 or self.max_line_tokens < 1 or self.max_lines < 1 or self.max_total_tokens < 16:
+            raise ValueError("sampling: top_k >= 0, max_line_tokens >= 1, max_lines >= 1, max_total_tokens >= 16")
+
+
+@dataclass
+class LineSample:
+    """One line as the policy sampled it."""
+
+    token_ids: list[int]
+    """Sampled ids; the last one contains the newline when ``finish == "newline"``."""
+    logprobs: list[float]
+    """Log-probability of each sampled id under the sampling distribution (see SamplingParams)."""
+    finish: FinishReason
+
+
+@dataclass
+class Line:
+    """One executed line (or the line that closed a block) of an episode, with its reward terms."""
+
+    code: str
+    """The model's text for this line, without the trailing newline."""
+    output: str = ""
+    """What the interpreter printed after this line (not including the next prompt)."""
+    status: LineStatus = "ok"
+    error_name: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Reward terms by name (already weighted), e.g. {"syntax_error": -0.3}."""
+    token_span: tuple[int, int] = (0, 0)
+    """[start, end) of this line's model-sampled tokens in Trajectory.token_ids."""
+    prompt: str = ">>> "
+    """The prompt shown before this line (">>> " or "... ")."""
+
+
+@dataclass
+class Trajectory:
+    """One episode: the exact token sequence the policy saw and produced, and everything scored about it."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    """1 exactly on tokens sampled by the policy; 0 on prompt, prompts, interpreter output."""
+    logprobs: list[float]
+    """Sampler log-probs aligned with token_ids (0.0 where loss_mask is 0)."""
+    prompt_len: int
+    text: str
+    """== tokenizer.decode(token_ids)."""
+    lines: list[Line] = field(default_factory=list)
+    answer: Any = None
+    """The value passed to submit(), JSON-friendly, or None."""
+    correct: bool | None = None
+    end_reason: str = ""
+    task: str = ""
+    row: int = -1
+    """Index of the dataset row (problem) this episode was sampled for."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    group: int = -1
+    """Episodes sampled for the same prompt share a group id (GRPO's group)."""
+    outcome_rewards: dict[str, float] = field(default_factory=dict)
+    """Final-answer reward terms (correct / wrong / no_submit), weighted."""
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float:
+        """Total reward: every line term plus the outcome terms."""
+        return sum(sum(line.rewards.values()) for line in self.lines) + sum(self.outcome_rewards.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reward"] = self.reward
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        d = dict(d)
+        d.pop("reward", None)
+        lines = [Line(**{**ln, "token_span": tuple(ln["token_span"])}) for ln in d.pop("lines", [])]
+        return cls(lines=lines, **d)
