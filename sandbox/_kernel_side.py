@@ -187,7 +187,7 @@ class ReplKernel(Kernel):
         depth, frame = 0, sys._getframe()
         while frame is not None:
             depth, frame = depth + 1, frame.f_back
-        self._recursion_limit = 1000 + depth + 3  # calibrated: `python -i` shows "repeated 996 more times"
+        self._recursion_limit = 1000 + depth + 4  # calibrated: `python -i` shows "repeated 996 more times"
         sys.setrecursionlimit(self._recursion_limit)
 
     def _run(self, source, mode):

@@ -52,7 +52,7 @@ SESSIONS = {
 
 REFERENCE = textwrap.dedent("""
     import code, io, json, sys
-    sys.setrecursionlimit(1006)  # push() runs <stdin> deeper than `python -i`; calibrated to its "repeated 996"
+    sys.setrecursionlimit(1005)  # push() runs <stdin> deeper than `python -i`; calibrated to its "repeated 996"
     lines = json.loads(sys.stdin.read())
     sys.stdin = io.StringIO("")
     def submit(*args, **kwargs):

@@ -1,0 +1,110 @@
+"""The Task protocol and ``load_task``: built-ins by name, a user's own task by import path ("pkg.mod:attr")."""
+
+from __future__ import annotations
+
+import importlib
+import string
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+BUILTIN_TASKS: dict[str, str] = {
+    "arithmetic": "replrl.tasks.arithmetic:ArithmeticTask",
+    "gsm8k": "replrl.tasks.gsm8k:GSM8KTask",
+}
+"""Built-in task names and the import path each resolves to (loaded lazily: gsm8k pulls in ``datasets``)."""
+
+
+class TaskError(ValueError):
+    """A task that cannot be loaded or used; the message is one line saying what to fix."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """One kind of episode: a header (the problem, how to submit), then a Python REPL; ``submit(answer)`` ends it.
+
+    The submitted value reaches ``check`` JSON-friendly: int/float/str/bool/None as is, Fraction and Decimal as
+    their ``str`` ("3/4"), anything else as its ``repr`` ("np.int64(5)"). ``replrl.answers.parse_number`` reads all
+    of these as numbers.
+    """
+
+    name: str
+    tools: tuple[str, ...]
+    """Names injected into the kernel namespace; at least ("submit",)."""
+
+    def rows(self, split: str) -> Sequence[dict]:
+        """The problems of a split ("train" / "test"): a list or a ``datasets.Dataset`` of dict rows."""
+        ...
+
+    def header(self, row: dict) -> str:
+        """The problem statement and how to submit: plain text, no REPL banner, no trailing newline."""
+        ...
+
+    def answer_of(self, row: dict) -> Any:
+        """The reference answer of a row."""
+        ...
+
+    def check(self, row: dict, submitted: Any) -> bool:
+        """Whether a submitted value is a correct answer to the row."""
+        ...
+
+
+def load_task(name: str, **options: Any) -> Task:
+    """A task by built-in name ("arithmetic", "gsm8k") or import path: "pkg.mod:MyTask" (a class, instantiated with
+    **options) or "pkg.mod:make_task" (a function called with **options that returns a Task).
+
+    >>> load_task("arithmetic", level=3).rows("test")[0]["question"]  # doctest: +SKIP
+    'What is (4521 - 87) % 63?'
+    """
+    path = BUILTIN_TASKS.get(name, name)
+    if ":" not in path:
+        builtins = ", ".join(BUILTIN_TASKS)
+        raise TaskError(f"unknown task {name!r}: built-ins are {builtins}, or give an import path module:attr")
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TaskError(f"task {name!r}: cannot import module {module_name!r} ({e})") from e
+    if not hasattr(module, attr):
+        raise TaskError(f"task {name!r}: module {module_name!r} has no attribute {attr!r}")
+    target = getattr(module, attr)
+    if isinstance(target, Task) and not isinstance(target, type):
+        if options:
+            raise TaskError(f"task {name!r} is a Task instance and takes no options (got {', '.join(options)})")
+        task = target
+    elif callable(target):
+        try:
+            task = target(**options)
+        except TypeError as e:
+            raise TaskError(f"task {name!r} rejected its options {sorted(options)}: {e}") from e
+    else:
+        raise TaskError(f"task {name!r}: {path} is a {type(target).__name__}, not a Task class or function")
+    _validate(name, task)
+    return task
+
+
+def _validate(name: str, task: Any) -> None:
+    missing = [a for a in ("name", "tools", "rows", "header", "answer_of", "check") if not hasattr(task, a)]
+    if missing:
+        raise TaskError(f"task {name!r} gave a {type(task).__name__}, not a Task: it lacks {', '.join(missing)}")
+    if isinstance(task.tools, str) or "submit" not in tuple(task.tools):
+        raise TaskError(f"task {name!r}: tools must be a tuple of names including 'submit' (got {task.tools!r})")
+
+
+def check_header_template(template: str, fields: Sequence[str] = ("question",)) -> None:
+    """Raise TaskError unless ``template`` is a valid ``str.format`` template that uses every one of ``fields``."""
+    try:
+        used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise TaskError(f"header_template is not a valid format string: {e}") from e
+    for f in fields:
+        if f not in used:
+            raise TaskError(f"header_template must contain {{{f}}} (got {template!r:.80})")
+
+
+def format_header(template: str, row: Mapping[str, Any], **values: Any) -> str:
+    """``template`` filled from the row's fields, ``values`` overriding them; a missing field is a one-line error."""
+    fields = {**row, **values}
+    try:
+        return template.format_map(fields)
+    except (KeyError, IndexError, AttributeError) as e:
+        raise TaskError(f"header_template uses {e}, which the row lacks (fields: {', '.join(fields)})") from e
