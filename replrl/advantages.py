@@ -133,17 +133,17 @@ def line_advantages(
       only one episode of the group reached gets a line part of exactly 0, whatever it earned (e.g. episodes of
       3 and 2 lines: line 2 of the first gets only (1 - line_weight) * A_i).
     - gamma = 1: R_i0 is the episode's total line reward, so line 0 gets the same signal (minus the outcome) as
-      the outcome estimator, and later lines lose credit for what happened before them. gamma < 1 makes a line
-      answer mostly for its own reward and its near successors (gamma = 0: each line's own reward only).
+      the outcome estimator, while a later line is credited only with rewards from itself onwards. gamma < 1
+      makes a line answer mostly for its own reward and its near successors (gamma = 0: its own reward only).
     - Normalising per index with "std" divides by a standard deviation estimated from few episodes (often 2-3
-      at late indices), which inflates small differences to +-1; scale="none" avoids that at the cost of scale.
+      at late indices), which inflates small differences to +-1; scale="none" avoids that (reward units).
     """
     L = line_rewards.shape[1]
     real = torch.arange(L, device=line_rewards.device)[None, :] < n_lines[:, None]   # [B, L]
     returns = line_returns(line_rewards, n_lines, gamma)                   # [B, L]
     line_adv = _group_norm(returns, real, group, scale, 1e-6)              # [B, L]
     has_line = (line_index >= 0) & (loss_mask > 0)                         # [B, T]
-    line_part = line_adv.gather(1, line_index.clamp(min=0, max=max(L - 1, 0)))  # [B, T]
+    line_part = line_adv.gather(1, line_index.clamp(min=0))                # [B, T]
     episode_adv = outcome_advantages(outcome, line_rewards, group, scale)  # [B]
     outcome_part = per_token(episode_adv, loss_mask)                       # [B, T]
     mixed = line_weight * line_part + (1 - line_weight) * outcome_part     # [B, T]

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from replrl.backends.sampling import sampling_logprobs
 from replrl.types import SamplingParams
 
 Aggregation = Literal["token_mean", "seq_mean", "constant"]
@@ -31,10 +32,10 @@ def aggregate(x: Tensor, loss_mask: Tensor, agg: Aggregation = "token_mean", max
     tokens, then over the sequences that have any (original GRPO). "constant": sum / (B * max_len), max_len
     defaulting to T (Dr. GRPO: no length normalisation, so long and short answers weigh the same per token).
     """
+    if agg == "token_mean":
+        return masked_mean(x, loss_mask)                                   # []
     x = x.where(loss_mask > 0, 0.0)                                        # [B, T]
     n_tok = (loss_mask > 0).sum(-1)                                        # [B]
-    if agg == "token_mean":
-        return x.sum() / n_tok.sum().clamp(min=1)                          # []
     if agg == "seq_mean":
         per_seq = x.sum(-1) / n_tok.clamp(min=1)                           # [B]
         return per_seq.sum() / (n_tok > 0).sum().clamp(min=1)              # []
@@ -98,7 +99,9 @@ def token_logprobs_and_entropy(
     without gradient (it is logged, not optimised). Rows are processed one at a time, so at most one [T, V] float
     copy of the logits exists besides what autograd keeps.
     """
-    return _token_logprobs(model, input_ids, attention_mask, params, banned, with_entropy=True)  # type: ignore[return-value]
+    logp, entropy = _token_logprobs(model, input_ids, attention_mask, params, banned, with_entropy=True)
+    assert entropy is not None
+    return logp, entropy
 
 
 def token_logprobs(
@@ -120,10 +123,10 @@ def _token_logprobs(
     banned: Tensor | None,
     with_entropy: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    from replrl.backends.sampling import sampling_logprobs
-
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [B, T, V]
     targets = input_ids[:, 1:]                                             # [B, T-1]
+    if banned is None:
+        banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)  # [V]
     rows_logp, rows_ent = [], []
     for b in range(input_ids.shape[0]):
         lp = sampling_logprobs(logits[b, :-1], params, banned)             # [T-1, V] float
@@ -131,7 +134,6 @@ def _token_logprobs(
         if with_entropy:
             with torch.no_grad():
                 rows_ent.append(-(lp.exp() * lp.nan_to_num(neginf=0.0)).sum(-1))  # [T-1]  0 * -inf -> 0
-        del lp
     real = attention_mask > 0                                              # [B, T]
     logp = F.pad(torch.stack(rows_logp), (1, 0)).where(real, 0.0)          # [B, T]
     entropy = F.pad(torch.stack(rows_ent), (1, 0)).where(real, 0.0) if with_entropy else None  # [B, T]

@@ -56,8 +56,16 @@ class KernelProcess:
         self._pidfd: int | None = None
         self._reader: asyncio.Task | None = None
         self._closed = False
+        self.uid: int | None = None
 
     async def start(self) -> KernelProcess:
+        try:
+            return await self._start()
+        except BaseException:  # cancelled or failed half-way: leave nothing behind
+            self.kill()
+            raise
+
+    async def _start(self) -> KernelProcess:
         loop = asyncio.get_running_loop()
         work = os.path.join(self.kdir, "work")
         os.mkdir(work)
@@ -89,7 +97,6 @@ class KernelProcess:
         reply = await self.request("kernel_info_request", {}, timeout=START_TIMEOUT_S)
         if reply is None:
             tail = self.log_tail()
-            self.kill()
             raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {tail}")
         return self
 

@@ -1,0 +1,214 @@
+"""Containment: hostile model-written code against real sandboxed kernels. For every case the host survives, the
+result has the right status, the kernel (or its replacement) keeps working, the pool returns to full strength
+and no process is left behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import threading
+import time
+
+import pytest
+
+from sandbox import Kernel, Limits, SyncKernelPool, run_sync
+from sandbox.limits import is_root
+
+UID_BASE = 90000  # this module's kernels get uids of their own (host is root), so we can count them
+LIMITS = Limits(wall_s=1.5, interrupt_grace_s=1.0, max_output_bytes=10_000, uid_base=UID_BASE)
+
+
+def sandbox_pids() -> list[int]:
+    """Live processes owned by this module's kernel uids."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if UID_BASE <= os.stat(f"/proc/{entry}").st_uid < UID_BASE + 20000:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def settled_count(expected: int, within_s: float = 3.0) -> int:
+    """The number of kernel-uid processes once teardown (asynchronous for a pid namespace) has settled."""
+    deadline = time.monotonic() + within_s
+    while (n := len(sandbox_pids())) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return n
+
+
+@pytest.fixture(scope="module")
+def hostile_pool():
+    with SyncKernelPool(size=2, limits=LIMITS, tools=["submit"]) as pool:
+        yield pool
+    if is_root():
+        assert settled_count(0) == 0, "closing the pool must leave no kernel process behind"
+
+
+def run_case(pool, code: str, then: str = "40 + 2", timeout: float | None = None):
+    """Run hostile ``code`` then ``then`` on the same kernel; check the pool heals and nothing leaks."""
+    with pool.acquire() as kernel:
+        first = kernel.execute(code, timeout=timeout)
+        second = kernel.execute(then, mode="single")
+    assert pool.wait_full(60), "the pool did not return to full strength"
+    if is_root():
+        assert settled_count(pool.warm) == pool.warm, "a process outlived its kernel"
+    return first, second
+
+
+CASES = {
+    # name: (code, expected status, expects a restart, expected error name or None)
+    "python_loop": ("while True:\n    pass", "timeout", False, "KeyboardInterrupt"),
+    "c_level_loop": ("sum(range(10**13))", "timeout", True, None),
+    "sigint_ignored_loop": ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+                            "timeout", True, None),
+    "sleep": ("import time\ntime.sleep(100)", "timeout", False, "KeyboardInterrupt"),
+    "fork_bomb": ("import os\nwhile True:\n    os.fork()", None, None, None),
+    "huge_allocation": ("x = bytearray(10 * 2**30)", "error", False, "MemoryError"),
+    "huge_print": ("print('x' * 10**8)", "ok", False, None),
+    "endless_print": ("while True:\n    print('spam')", "timeout", False, "KeyboardInterrupt"),
+    "huge_file": ("with open('big.bin', 'wb') as f:\n    for _ in range(4096):\n        f.write(b'x' * 2**20)",
+                  "error", False, "OSError"),
+    "kill_parent": ("import os\nos.kill(os.getppid(), 9)", None, False, None),
+    "os_exit": ("import os\nos._exit(1)", "crashed", True, None),
+    "segfault_recursion": ("import sys\nsys.setrecursionlimit(10**7)\nx = []\nfor _ in range(10**5):\n"
+                           "    x = [x]\nrepr(x)", "crashed", True, None),
+    "input": ("input('name? ')", "error", False, "EOFError"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_containment(hostile_pool, name):
+    code, status, restarted, error = CASES[name]
+    first, second = run_case(hostile_pool, code, timeout=15 if name == "segfault_recursion" else None)
+    if status is not None:
+        assert first.status == status, first
+    if restarted is not None:
+        assert first.restarted is restarted, first
+    if error is not None:
+        assert first.error_name == error, first
+    assert second.status == "ok" and second.output.endswith("42\n"), second
+    if name == "fork_bomb":  # the bomb hits the process limit (or the wall): either way it is contained
+        assert first.status in ("error", "timeout", "crashed"), first
+    if name == "huge_print":
+        assert first.truncated and len(first.output) <= LIMITS.max_output_bytes
+    if name == "endless_print":
+        assert first.truncated and first.output.startswith("spam\n")
+    if name == "kill_parent":
+        # The host test process is alive (we are here). Under its own uid the kernel may not even signal its parent.
+        assert first.status in ("ok", "crashed", "error"), first
+        if is_root():
+            assert first.error_name == "PermissionError", first
+    if name == "input":
+        assert first.duration_s < 1.0 and first.output.startswith("name? ")
+
+
+def test_writing_outside_the_working_directory_does_not_reach_the_host(hostile_pool, tmp_path):
+    target = tmp_path / "escaped.txt"
+    code = textwrap.dedent(f"""
+        import os
+        results = []
+        for path in [{str(target)!r}, "/etc/replrl-escape", "/usr/replrl-escape", os.path.expanduser("~/../x")]:
+            try:
+                open(path, "w").write("x")
+                results.append("wrote")
+            except OSError as e:
+                results.append(type(e).__name__)
+        print(results)
+        open("inside.txt", "w").write("fine")
+        print(os.listdir("."))
+    """)
+    first, _ = run_case(hostile_pool, code)
+    assert first.status == "ok", first
+    assert not target.exists()
+    assert not os.path.exists("/etc/replrl-escape") and not os.path.exists("/usr/replrl-escape")
+    assert "inside.txt" in first.output  # the working directory itself is writable
+
+
+def test_host_secrets_are_hidden(hostile_pool):
+    if hostile_pool.pool.isolation != "bwrap":
+        pytest.skip("only bubblewrap hides host directories")
+    first, _ = run_case(hostile_pool, "import os\nprint(os.path.exists('/root/.bashrc'), os.listdir('/root'))")
+    assert first.output.startswith("False"), first
+
+
+def test_background_thread_printing_after_the_cell_returns(hostile_pool):
+    code = textwrap.dedent("""
+        import threading, time
+        def spam():
+            while True:
+                print('bg')
+                time.sleep(0.001)
+        threading.Thread(target=spam, daemon=True).start()
+    """)
+    with hostile_pool.acquire() as kernel:
+        first = kernel.execute(code)
+        later = [kernel.execute("6 * 7", mode="single") for _ in range(3)]
+    assert first.status == "ok"
+    assert all(r.status == "ok" and "42\n" in r.output for r in later), later
+    assert hostile_pool.wait_full(60)
+    if is_root():
+        assert settled_count(hostile_pool.warm) == hostile_pool.warm
+
+
+def test_network_is_unreachable_inside_the_namespace(hostile_pool):
+    if hostile_pool.pool.isolation not in ("bwrap", "unshare"):
+        pytest.skip("needs a network namespace")
+    # A listener on the host's loopback: the kernel's own network namespace has a different (empty) loopback,
+    # so the connection must fail and nothing must arrive here. No traffic ever leaves this machine.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    listener = threading.Thread(target=accept)
+    listener.start()
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"
+    first, _ = run_case(hostile_pool, code)
+    listener.join()
+    server.close()
+    assert first.status == "error" and first.error_name in ("ConnectionRefusedError", "OSError", "TimeoutError")
+    assert accepted == []
+
+
+def test_kernel_replaced_after_crash_keeps_tools():
+    async def go():
+        async with Kernel(LIMITS, tools=["submit"]) as kernel:
+            crashed = await kernel.execute("import os; os._exit(3)")
+            again = await kernel.execute("submit(7)", mode="single")
+            return crashed, again
+
+    crashed, again = run_sync(go())
+    assert crashed.status == "crashed" and crashed.restarted
+    assert again.status == "ok" and [c.args for c in again.tool_calls] == [[7]]
+
+
+def test_pool_close_leaves_nothing_behind():
+    before = set(os.listdir("/tmp"))
+    with SyncKernelPool(size=2, limits=Limits(uid_base=UID_BASE + 15000)) as pool:
+        with pool.acquire() as kernel:
+            assert kernel.execute("1", mode="single").output == "1\n"
+    leftover = {d for d in set(os.listdir("/tmp")) - before if d.startswith("replrl-kernel-")}
+    assert leftover == set()
+
+
+def test_unavailable_isolation_is_an_error_not_a_silent_downgrade():
+    from sandbox.limits import SandboxUnavailable, available
+
+    missing = [level for level in ("bwrap", "unshare", "rlimits") if not available(level)]
+    for level in missing:
+        with pytest.raises(SandboxUnavailable):
+            Limits(isolation=level, network=True).resolve_isolation()
+    with pytest.raises(ValueError):
+        Limits(isolation="chroot")  # type: ignore[arg-type]
