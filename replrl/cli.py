@@ -1,0 +1,75 @@
+"""The `replrl` command: `replrl repl | rollout | train | eval | plot`.
+
+Every subcommand turns expected failures (bad config, missing model or dataset, a sandbox that cannot start) into
+one clear line on stderr and a non-zero exit code; ``--debug`` shows the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from sandbox import KernelStartError, SandboxUnavailable
+
+from . import __version__, cli_repl
+
+# Errors a user can fix; anything else is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, KernelStartError, SandboxUnavailable)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="replrl",
+        description="Reinforcement learning for language models that reason inside a live Python REPL.",
+    )
+    parser.add_argument("--version", action="version", version=f"replrl {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    cli_repl.add_parser(sub)
+    for module in _optional_commands():
+        module.add_parser(sub)
+    return parser
+
+
+def _optional_commands() -> list:
+    """Subcommands that land as their modules exist."""
+    import importlib
+
+    mods = []
+    for name in ("cli_rollout", "cli_train"):
+        try:
+            mods.append(importlib.import_module(f"replrl.{name}"))
+        except ModuleNotFoundError as err:
+            if err.name != f"replrl.{name}":
+                raise
+    return mods
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("replrl: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as err:
+        if args.debug:
+            raise
+        print(f"replrl {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
