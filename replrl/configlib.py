@@ -1,0 +1,231 @@
+"""Config machinery: TOML files and dotted command-line overrides onto the dataclasses of ``replrl.config``.
+
+Field docstrings (the string literal under each field) are read from the source with ``ast`` and become the
+``--help`` text. Unknown keys and wrong types are errors with one clear line (and a did-you-mean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import json
+import sys
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config value or key is wrong; the message is one line saying which and why."""
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def check_positive(section: str, obj: Any, *names: str) -> None:
+    for name in names:
+        if not getattr(obj, name) > 0:
+            raise ConfigError(f"{section}.{name} must be > 0; got {getattr(obj, name)!r}")
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: docstring} from the string literal under each field in the class body."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def sections(config_cls: type) -> dict[str, type]:
+    hints = typing.get_type_hints(config_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(config_cls)}
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check/convert ``value`` to the annotated type; raise ConfigError with the key on a mismatch."""
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is dict:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        if isinstance(value, dict):
+            return dict(value)
+    elif origin is tuple:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        if isinstance(value, (list, tuple)):
+            args = typing.get_args(hint)
+            return tuple(_coerce(key, v, a) for v, a in zip(value, args)) if len(args) == len(value) else \
+                _fail(key, value, hint)
+    return _fail(key, value, hint)
+
+
+def _fail(key: str, value: Any, hint: Any) -> Any:
+    name = getattr(hint, "__name__", str(hint)).replace("typing.", "")
+    raise ConfigError(f"{key} must be {name}; got {value!r}")
+
+
+def _unknown(key: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def build(config_cls: type, values: dict[str, Any]) -> Any:
+    """A config from nested ``{section: {field: value}}``; unknown keys and wrong types raise ConfigError."""
+    secs = sections(config_cls)
+    all_keys = [f"{s}.{f.name}" for s, c in secs.items() for f in dataclasses.fields(c)]
+    kwargs = {}
+    for sec, value in values.items():
+        if sec not in secs:
+            raise _unknown(sec, list(secs))
+        if not isinstance(value, dict):
+            raise ConfigError(f"config section [{sec}] must be a table")
+        cls = secs[sec]
+        hints = typing.get_type_hints(cls)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        sec_kwargs = {}
+        for key, v in value.items():
+            if key not in fields:
+                raise _unknown(f"{sec}.{key}", all_keys)
+            sec_kwargs[key] = _coerce(f"{sec}.{key}", v, hints[key])
+        kwargs[sec] = cls(**sec_kwargs)
+    return config_cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for sec, values in overrides.items():
+        if isinstance(values, dict) and isinstance(out.get(sec), dict):
+            for key, v in values.items():
+                if isinstance(v, dict) and isinstance(out[sec].get(key), dict) and key != "weights":
+                    out[sec][key] = {**out[sec][key], **v}
+                else:
+                    out[sec][key] = v
+        else:
+            out[sec] = values
+    return out
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {err}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
+    """One ``--section.field VALUE`` option per field, documented by the field's docstring and default."""
+    defaults = config_cls()
+    for sec, cls in sections(config_cls).items():
+        group = parser.add_argument_group(f"[{sec}]")
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            default = getattr(getattr(defaults, sec), f.name)
+            shown = json.dumps(default) if isinstance(default, (dict, tuple, list)) else repr(default)
+            group.add_argument(f"--{sec}.{f.name}", dest=f"cfg:{sec}.{f.name}", metavar="V", default=None,
+                               help=f"{docs.get(f.name, '')} (default: {shown})".replace("%", "%%"))
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        if key.startswith("cfg:") and value is not None:
+            sec, name = key[4:].split(".", 1)
+            out.setdefault(sec, {})[name] = value
+    return out
+
+
+def resolve(config_cls: type, file: str | None, overrides: dict[str, Any], base: dict | None = None) -> Any:
+    """defaults <- base (e.g. a saved run's config) <- file <- command-line overrides."""
+    values = to_dict(config_cls()) if base is None else base
+    if file:
+        values = merge(values, load_file(file))
+    return build(config_cls, merge(values, overrides))
+
+
+def to_toml(config: Any) -> str:
+    """The resolved config as TOML (saved with every run; loadable with ``load_file``)."""
+    lines = []
+    for sec, values in to_dict(config).items():
+        lines.append(f"[{sec}]")
+        tables = []
+        for key, value in values.items():
+            if isinstance(value, dict):
+                tables.append((key, value))
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+        for key, table in tables:
+            lines.append(f"[{sec}.{key}]")
+            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"cannot write {value!r} to TOML")

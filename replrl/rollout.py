@@ -1,0 +1,228 @@
+"""THE loop: generate a line -> execute it -> splice the output -> repeat, for many episodes at once.
+
+Every episode is an asyncio task with its own sandboxed kernel. The generation backend batches whatever episodes
+are waiting for a line, so while one episode's line executes, the others keep generating. Token bookkeeping is
+splice-by-concatenation (DESIGN.md invariant 1): the ids the model sampled are kept as sampled, the environment's
+text (interpreter output, the next prompt) is tokenized on its own and appended with ``loss_mask`` 0. The full
+transcript is never re-tokenized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sandbox import KernelPool
+
+from .backends.base import Generator, GenSession
+from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession
+from .rewards import RewardModel
+from .tasks.base import Task
+from .types import Line, LineSample, SamplingParams, Trajectory
+
+SUBMIT = "submit"
+
+
+@dataclass(frozen=True)
+class EpisodeRules:
+    """Per-episode limits beyond sampling (from RolloutConfig)."""
+
+    max_output_tokens: int = 96
+    max_repeats: int = 3
+
+
+@dataclass
+class RolloutStats:
+    """Wall-clock accounting of one rollout call."""
+
+    wall_s: float = 0.0
+    generation_s: float = 0.0
+    """Wall time the backend spent in forward passes and sampling."""
+    execution_s: float = 0.0
+    """Kernel time summed over lines (overlaps with generation: episodes execute while others generate)."""
+    model_tokens: int = 0
+    env_tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, float]:
+        return {**{k: v for k, v in asdict(self).items() if k != "extra"}, **self.extra}
+
+
+def build_prompt(tokenizer: Any, header: str, chat_template: bool = True) -> str:
+    """The episode's prompt text: the task header as a user turn (chat template when the tokenizer has one), then
+    the assistant turn opening with the REPL banner and the first ``>>> ``."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": header}], tokenize=False,
+                                             add_generation_prompt=True)
+        return text + BANNER + PS1
+    return header.rstrip("\n") + "\n\n" + BANNER + PS1
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool, task: Task, row: dict,
+                      prompt_ids: list[int], rewards: RewardModel, sampling: SamplingParams,
+                      rules: EpisodeRules) -> Trajectory:
+    """One episode on row ``i`` of the generation session."""
+    traj = Trajectory(token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
+                      logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids), text="", task=task.name,
+                      sampling=asdict(sampling))
+    gen_s = exec_s = 0.0
+    env_ids: list[int] = []
+    repeats = 0
+    submitted: list[Any] = []
+    try:
+        async with pool.acquire() as kernel:  # the pool defines the task's tools (KernelPool(tools=task.tools))
+            session = ReplSession(kernel, banner="")
+            while True:
+                t0 = time.perf_counter()
+                sample = await gen.next_line(i, env_ids)
+                gen_s += time.perf_counter() - t0
+                start = len(traj.token_ids)
+                _append(traj, sample)
+                text = tokenizer.decode(sample.token_ids)
+                span = (start, len(traj.token_ids))
+                if sample.finish != "newline":
+                    code = text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if sample.finish == "eos" else text
+                    if code.strip():
+                        traj.lines.append(Line(code=code, status="incomplete", token_span=span,
+                                               prompt=session.prompt))
+                    traj.end_reason = "eos" if sample.finish == "eos" else "overlong_line"
+                    break
+                code = text[:-1]
+                t0 = time.perf_counter()
+                step = await session.feed(code)
+                exec_s += time.perf_counter() - t0
+                result = step.result
+                line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
+                            error_name=result.error_name if result else None)
+                line.rewards = rewards.score_line(line, traj)
+                repeats = repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
+                traj.lines.append(line)
+                calls = [c for c in (result.tool_calls if result else []) if c.name == SUBMIT]
+                if calls:
+                    args = calls[0].args or list(calls[0].kwargs.values())
+                    submitted.append(args[0] if args else None)
+                    traj.end_reason = "submit"
+                elif result is not None and result.restarted:
+                    traj.end_reason = "crash" if result.status == "crashed" else "timeout"
+                elif repeats + 1 >= rules.max_repeats:
+                    traj.end_reason = "repeat"
+                elif len(traj.lines) >= sampling.max_lines:
+                    traj.end_reason = "max_lines"
+                if traj.end_reason:
+                    break
+                env_ids = _env_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
+                if len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens:
+                    traj.end_reason = "max_tokens"
+                    break
+                traj.token_ids += env_ids
+                traj.loss_mask += [0] * len(env_ids)
+                traj.logprobs += [0.0] * len(env_ids)
+    finally:
+        gen.finish(i)
+    if submitted:
+        traj.answer = submitted[0]
+        traj.correct = bool(task.check(row, traj.answer))
+    traj.outcome_rewards = rewards.score_outcome(bool(submitted), traj.correct)
+    traj.text = tokenizer.decode(traj.token_ids)
+    traj.timing = {"generation_wait_s": gen_s, "execution_s": exec_s}
+    return traj
+
+
+def _append(traj: Trajectory, sample: LineSample) -> None:
+    traj.token_ids += sample.token_ids
+    traj.loss_mask += [1] * len(sample.token_ids)
+    traj.logprobs += sample.logprobs
+
+
+def _env_ids(tokenizer: Any, output: str, next_prompt: str, max_output_tokens: int) -> list[int]:
+    """Tokens of what the environment prints after a line; long output is cut with a visible marker."""
+    ids = encode(tokenizer, output + next_prompt)
+    if len(ids) <= max_output_tokens:
+        return ids
+    kept = tokenizer.decode(encode(tokenizer, output)[:max_output_tokens]).rstrip("\ufffd")
+    return encode(tokenizer, kept + ("" if kept.endswith("\n") else "\n") + TRUNCATED_MARKER + next_prompt)
+
+
+async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
+                  rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules = EpisodeRules(),
+                  group_size: int = 1, chat_template: bool = True,
+                  progress: Any = None) -> tuple[list[Trajectory], RolloutStats]:
+    """Sample ``group_size`` episodes for each ``(row_index, row)`` concurrently; return them grouped in order."""
+    tok = generator.tokenizer
+    prompts, meta = [], []
+    for g, (row_index, row) in enumerate(rows):
+        ids = encode(tok, build_prompt(tok, task.header(row), chat_template))
+        for _ in range(group_size):
+            prompts.append(ids)
+            meta.append((g, row_index, row))
+    t0 = time.perf_counter()
+    gen = generator.session(prompts, sampling)
+    try:
+        async def one(i: int) -> Trajectory:
+            g, row_index, row = meta[i]
+            traj = await run_episode(gen, i, tok, pool, task, row, prompts[i], rewards, sampling, rules)
+            traj.group, traj.row = g, row_index
+            if progress is not None:
+                progress.update(1)
+            return traj
+
+        trajs = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+    finally:
+        await gen.aclose()
+    stats = RolloutStats(wall_s=time.perf_counter() - t0,
+                         generation_s=float(getattr(gen, "busy_s", 0.0)),
+                         execution_s=sum(t.timing["execution_s"] for t in trajs),
+                         model_tokens=sum(sum(t.loss_mask) for t in trajs),
+                         env_tokens=sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs))
+    return trajs, stats
+
+
+def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) -> dict[str, float]:
+    """Per-line and per-episode statistics of a set of episodes (the numbers `replrl rollout` and training log)."""
+    n = max(len(trajs), 1)
+    lines = [ln for t in trajs for ln in t.lines if ln.status != "incomplete"]
+    n_lines = max(len(lines), 1)
+    out: dict[str, float] = {
+        "episodes": len(trajs),
+        "reward_mean": sum(t.reward for t in trajs) / n,
+        "accuracy": sum(bool(t.correct) for t in trajs) / n,
+        "submit_rate": sum(t.end_reason == "submit" for t in trajs) / n,
+        "lines_per_episode": sum(len(t.lines) for t in trajs) / n,
+        "syntax_error_rate": sum(ln.error_name in ("SyntaxError", "IndentationError", "TabError")
+                                 for ln in lines if ln.status == "error") / n_lines,
+        "exception_rate": sum(ln.status == "error" and ln.error_name not in ("SyntaxError", "IndentationError",
+                                                                             "TabError") for ln in lines) / n_lines,
+        "timeout_rate": sum(ln.status == "timeout" for ln in lines) / n_lines,
+        "crash_rate": sum(ln.status == "crashed" for ln in lines) / n_lines,
+        "model_tokens_per_episode": sum(sum(t.loss_mask) for t in trajs) / n,
+        "env_tokens_per_episode": sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs) / n,
+    }
+    rewards = [t.reward for t in trajs]
+    mean = out["reward_mean"]
+    out["reward_std"] = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+    terms: dict[str, float] = {}
+    for t in trajs:
+        for ln in t.lines:
+            for k, v in ln.rewards.items():
+                terms[k] = terms.get(k, 0.0) + v
+        for k, v in t.outcome_rewards.items():
+            terms[k] = terms.get(k, 0.0) + v
+    out.update({f"reward/{k}": v / n for k, v in sorted(terms.items())})
+    reasons: dict[str, int] = {}
+    for t in trajs:
+        reasons[t.end_reason] = reasons.get(t.end_reason, 0) + 1
+    out.update({f"end/{k}": v / n for k, v in sorted(reasons.items())})
+    if stats is not None:
+        out.update({
+            "wall_s": stats.wall_s, "generation_s": stats.generation_s, "execution_s": stats.execution_s,
+            "other_s": max(stats.wall_s - stats.generation_s, 0.0),
+            "tokens_per_s": stats.model_tokens / max(stats.wall_s, 1e-9),
+        })
+    return out

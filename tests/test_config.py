@@ -1,0 +1,66 @@
+"""Config: defaults validate, TOML + dotted overrides, unknown keys and wrong types are one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from replrl.config import Config
+from replrl.configlib import ConfigError, add_arguments, field_docs, load_file, overrides_from_args, resolve, to_toml
+
+
+def test_defaults_and_every_field_documented():
+    cfg = Config()
+    for section in vars(cfg).values():
+        docs = field_docs(type(section))
+        missing = [f for f in vars(section) if f not in docs]
+        assert missing == [], f"{type(section).__name__} fields without a docstring: {missing}"
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[rollout]\ntemperature = 0.7\ngroup_size = 4\n[rewards.weights]\nsyntax_error = -1.0\n")
+    cfg = resolve(Config, str(path), {"rollout": {"temperature": "0.9"}, "optim": {"betas": "[0.9, 0.95]"}})
+    assert cfg.rollout.temperature == 0.9 and cfg.rollout.group_size == 4
+    assert cfg.optim.betas == (0.9, 0.95)
+    assert cfg.rewards.weights == {"syntax_error": -1.0}  # a weights table replaces the default table
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = resolve(Config, None, {"task": {"name": "gsm8k", "options": '{"a": 1}'}, "run": {"max_steps": "7"}})
+    path = tmp_path / "config.toml"
+    path.write_text(to_toml(cfg))
+    again = resolve(Config, str(path), {})
+    assert again == cfg
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"rollout": {"temprature": 1.0}}, "unknown config key 'rollout.temprature' (did you mean 'rollout.temperature'?)"),
+    ({"rolout": {"temperature": 1.0}}, "unknown config key 'rolout' (did you mean 'rollout'?)"),
+    ({"rollout": {"group_size": "four"}}, "rollout.group_size must be int; got 'four'"),
+    ({"rollout": {"group_size": 1}}, "rollout.group_size must be >= 2"),
+    ({"loss": {"agg": "mean"}}, "loss.agg must be one of token_mean, seq_mean, constant; got 'mean'"),
+    ({"rewards": {"weights": {"nope": 1.0}}}, "unknown reward term 'nope'"),
+])
+def test_bad_values_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError if "reward term" not in message else ValueError) as err:
+        resolve(Config, None, overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_file(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rollout\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_file(bad)
+
+
+def test_command_line_options_are_generated_with_help():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Config)
+    args = parser.parse_args(["--rollout.temperature", "0.5", "--model.name", "tiny"])
+    assert overrides_from_args(args) == {"rollout": {"temperature": "0.5"}, "model": {"name": "tiny"}}
+    assert "Sampling temperature" in parser.format_help()
