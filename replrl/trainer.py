@@ -1,0 +1,346 @@
+"""The GRPO trainer. One step = numbered stages mirroring the data flow:
+
+    1. sample problems          (a seeded permutation of the training split; the position is checkpointed)
+    2. group rollouts           (group_size episodes per problem, all at once: rollout.py)
+    3. rewards                  (per line, attached during the rollout: rewards.py; totals per episode here)
+    4. advantages               (outcome or per-line estimator: advantages.py)
+    5. loss and optimizer steps (clipped surrogate: loss.py; epochs x minibatches x micro-batches)
+    6. log / evaluate / checkpoint
+
+Written against ``accelerate.Accelerator`` (device placement, gradient accumulation, mixed precision on GPU), so
+``accelerate launch`` scales it unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sandbox import KernelPool, run_sync
+
+from . import checkpoint
+from .advantages import batch_tensors, compute_advantages
+from .backends.hf import HFGenerator
+from .backends.sampling import newline_banned_mask
+from .config import Config
+from .configlib import ConfigError, to_toml
+from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
+from .metrics import MetricsWriter
+from .policy import load_policy
+from .rewards import RewardModel
+from .rollout import EpisodeRules, rollout, summarize
+from .tasks import load_task
+from .types import SamplingParams, Trajectory
+
+log = logging.getLogger(__name__)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sandbox forks; keep tokenizers quiet about it
+
+
+class RunDirError(ConfigError):
+    """The run directory holds a different run (or nothing to resume)."""
+
+
+@dataclass
+class StepResult:
+    step: int
+    metrics: dict[str, float]
+    trajectories: list[Trajectory]
+
+
+class ProblemStream:
+    """Training problems in a seeded order, reshuffled every pass; ``position`` is all the state there is."""
+
+    def __init__(self, rows: Any, seed: int, position: int = 0):
+        self.rows, self.seed, self.position = rows, seed, position
+        if len(rows) == 0:
+            raise ConfigError("the training split has no problems")
+
+    def take(self, n: int) -> list[tuple[int, dict]]:
+        out = []
+        for _ in range(n):
+            epoch, k = divmod(self.position, len(self.rows))
+            order = list(range(len(self.rows)))
+            random.Random(self.seed * 100003 + epoch).shuffle(order)
+            out.append((order[k], self.rows[order[k]]))
+            self.position += 1
+        return out
+
+
+def task_from_config(cfg: Config):
+    options = dict(cfg.task.options)
+    if cfg.task.name == "arithmetic":
+        options.setdefault("level", cfg.task.level)
+        options.setdefault("seed", cfg.task.seed)
+    if cfg.task.data:
+        options.setdefault("data", cfg.task.data)
+    return load_task(cfg.task.name, **options)
+
+
+def split_rows(task: Any, split: str, limit: int = 0) -> Any:
+    """The rows of a split, the first ``limit`` only when limit > 0 (lists and datasets.Dataset alike)."""
+    rows = task.rows(split)
+    if limit and len(rows) > limit:
+        rows = rows.select(range(limit)) if hasattr(rows, "select") else rows[:limit]
+    return rows
+
+
+class Trainer:
+    """``Trainer(cfg, run_dir).train()``; ``resume=True`` continues the run in ``run_dir`` at its next step."""
+
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True):
+        from accelerate import Accelerator
+
+        self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
+        self._check_run_dir(resume)
+        random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
+        self.accelerator = Accelerator(cpu=cpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and not cpu
+                                       else "no")
+        self.task = task_from_config(cfg)
+        self.train_rows = split_rows(self.task, cfg.task.train_split, cfg.task.limit)
+        model, self.tokenizer = load_policy(cfg.model, seed=cfg.run.seed,
+                                            checkpoint=checkpoint.latest(self.run_dir) if resume else None)
+        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef > 0 else None
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                      weight_decay=cfg.optim.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        if self.ref_model is not None:
+            self.ref_model.to(self.accelerator.device)
+        self.generator = HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer,
+                                     device=self.accelerator.device)
+        self.rewards = RewardModel(cfg.rewards.weights)
+        self.rules = EpisodeRules(max_output_tokens=cfg.rollout.max_output_tokens,
+                                  max_repeats=cfg.rollout.max_repeats)
+        self.pad_id = self.generator.pad_id
+        self.step = 0
+        self.problems = ProblemStream(self.train_rows, cfg.run.seed)
+        if resume:
+            self._resume()
+        self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, tensorboard=cfg.run.tensorboard)
+        self._banned: torch.Tensor | None = None
+        self._stop = False
+        self._saved_step = self.step
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+    def _check_run_dir(self, resume: bool) -> None:
+        saved = self.run_dir / "config.toml"
+        if resume:
+            if checkpoint.latest(self.run_dir) is None:
+                raise RunDirError(f"nothing to resume in {str(self.run_dir)!r}: it has no complete checkpoint")
+            return
+        if saved.exists() and (saved.read_text() != to_toml(self.cfg) or checkpoint.latest(self.run_dir)):
+            raise RunDirError(f"run directory {str(self.run_dir)!r} already holds a different run: continue it with "
+                              "--resume, or pass another --run-dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(to_toml(self.cfg))
+
+    def _resume(self) -> None:
+        path = checkpoint.latest(self.run_dir)
+        assert path is not None
+        state = checkpoint.load_state(path, self.optimizer, self.scheduler)
+        self.step = state["step"]
+        self.problems.position = state["data_position"]
+        log.info("resumed from %s (step %d)", path, self.step)
+
+    def _lr_factor(self, step: int) -> float:
+        o, total = self.cfg.optim, self.cfg.run.max_steps
+        if step < o.warmup_steps:
+            return (step + 1) / (o.warmup_steps + 1)
+        frac = (step - o.warmup_steps) / max(total - o.warmup_steps, 1)
+        if o.schedule == "linear":
+            return max(1.0 - frac, 0.0)
+        if o.schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+        return 1.0
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.cfg.rollout.sampling(seed=self.cfg.rollout.seed * 1_000_003 + self.step)
+
+    def banned(self, vocab_size: int) -> torch.Tensor:
+        if self._banned is None or len(self._banned) != vocab_size:
+            self._banned = newline_banned_mask(self.tokenizer, vocab_size).to(self.accelerator.device)
+        return self._banned
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def train(self) -> Path:
+        """Train until run.max_steps (or Ctrl-C: the step in flight finishes, a checkpoint is saved, exit 0)."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
+                   dynamic_ncols=True)
+        pool = run_sync(KernelPool(size=cfg.rollout.group_size * cfg.rollout.problems_per_step,
+                                   limits=cfg.rollout.limits(), tools=self.task.tools).start())
+        try:
+            while self.step < cfg.run.max_steps and not self._stop:
+                result = self.train_step(pool)
+                bar.update(1)
+                m = result.metrics
+                bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
+                                syntax=f"{m['syntax_error_rate']:.2f}", refresh=False)
+                if cfg.run.save_every and self.step % cfg.run.save_every == 0:
+                    self.save()
+                if cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+                    self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evaluate(pool).items()})
+            if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
+                self.save()
+        finally:
+            bar.close()
+            run_sync(pool.close())
+            signal.signal(signal.SIGINT, previous)
+            self.metrics.close()
+        return self.run_dir
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._stop:  # a second Ctrl-C: stop now (the last checkpoint stays intact)
+            raise KeyboardInterrupt
+        self._stop = True
+        log.warning("Ctrl-C: finishing this step, saving a checkpoint, then exiting (Ctrl-C again to abort)")
+
+    def train_step(self, pool: KernelPool) -> StepResult:
+        cfg, t_step = self.cfg, time.perf_counter()
+        # 1. sample problems
+        problems = self.problems.take(cfg.rollout.problems_per_step)
+        # 2. group rollouts (the policy samples in eval mode, without gradients)
+        self.model.eval()
+        trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, self.rewards, self.sampling,
+                                        self.rules, group_size=cfg.rollout.group_size,
+                                        chat_template=cfg.model.chat_template))
+        t_rollout = time.perf_counter() - t_step
+        # 3. rewards: attached per line during the rollout; summarize() reports each term
+        metrics = summarize(trajs, stats)
+        # 4. advantages
+        batch = batch_tensors(trajs, self.pad_id)
+        adv = compute_advantages(cfg.advantages.estimator, batch, **self._advantage_opts())     # [B, T]
+        # 5. loss and optimizer step(s)
+        t_update = time.perf_counter()
+        metrics.update(self.update(batch, adv))
+        self.scheduler.step()
+        self.step += 1
+        # 6. log (evaluation and checkpoints are decided in train())
+        update_s = time.perf_counter() - t_update
+        metrics.update({"rollout_s": t_rollout, "update_s": update_s, "step_s": time.perf_counter() - t_step,
+                        "lr": self.scheduler.get_last_lr()[0], "data_position": self.problems.position})
+        self.metrics.write(self.step, metrics)
+        if cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
+            self.metrics.samples(self.step, trajs[:: max(cfg.rollout.group_size, 1)][:2])
+        return StepResult(self.step, metrics, trajs)
+
+    def _advantage_opts(self) -> dict[str, Any]:
+        a = self.cfg.advantages
+        return {"scale": a.scale} if a.estimator == "outcome" else {"scale": a.scale, "gamma": a.gamma,
+                                                                    "line_weight": a.line_weight}
+
+    def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
+        """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""
+        cfg, device = self.cfg, self.accelerator.device
+        self.model.train()
+        B = batch["input_ids"].shape[0]
+        sampling = self.sampling
+        if cfg.optim.epochs > 1 or cfg.optim.minibatches > 1:  # reused samples: the old policy is the current one
+            old = self._logprobs_no_grad(self.model, batch, sampling)
+        else:  # one pass on fresh samples: the sampler's own log-probs are the old policy's
+            old = batch["old_logprobs"]
+        ref = self._logprobs_no_grad(self.ref_model, batch, sampling) if self.ref_model is not None else None
+        totals: dict[str, float] = {}
+        count = 0
+        gen = torch.Generator().manual_seed(cfg.run.seed + self.step)
+        for _ in range(cfg.optim.epochs):
+            order = torch.randperm(B, generator=gen) if cfg.optim.minibatches > 1 else torch.arange(B)
+            for mb in order.chunk(cfg.optim.minibatches):
+                self.optimizer.zero_grad(set_to_none=True)
+                weights = self._micro_weights(batch, mb)
+                for micro, weight in weights:
+                    ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
+                    T = int(att.sum(1).max())
+                    ids, att, lm = ids[:, :T], att[:, :T], lm[:, :T]                        # [b, T]
+                    logp, entropy = token_logprobs_and_entropy(self.model, ids, att, sampling,
+                                                               self.banned(self._vocab()))
+                    loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device), lm,
+                                            clip=(cfg.loss.clip_low, cfg.loss.clip_high), agg=cfg.loss.agg,
+                                            ref_logp=None if ref is None else ref[micro][:, :T].to(device),
+                                            kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
+                    self.accelerator.backward(loss * weight)
+                    stats["entropy"] = float(masked_mean(entropy, lm))
+                    stats["loss"] = float(loss)
+                    for k, v in stats.items():
+                        totals[k] = totals.get(k, 0.0) + float(v) * weight
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+                totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
+                self.optimizer.step()
+                count += 1
+        self.model.eval()
+        out = {k: v / count for k, v in totals.items()}
+        out["optimizer_steps"] = count
+        return out
+
+    def _micro_weights(self, batch: dict[str, torch.Tensor], mb: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """Micro-batches of a minibatch and the weight of each loss so their sum equals the minibatch's loss."""
+        agg, lm = self.cfg.loss.agg, batch["loss_mask"]
+        micros = list(mb.chunk(max(1, math.ceil(len(mb) / self.cfg.optim.micro_batch))))
+        if agg == "token_mean":
+            total = float(lm[mb].sum()) or 1.0
+            return [(m, float(lm[m].sum()) / total) for m in micros]
+        if agg == "seq_mean":
+            total = float((lm[mb].sum(1) > 0).sum()) or 1.0
+            return [(m, float((lm[m].sum(1) > 0).sum()) / total) for m in micros]
+        return [(m, len(m) / len(mb)) for m in micros]
+
+    def _vocab(self) -> int:
+        return self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model: Any, batch: dict[str, torch.Tensor], sampling: SamplingParams) -> torch.Tensor:
+        device = self.accelerator.device
+        out = torch.zeros_like(batch["old_logprobs"])
+        for micro in torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch):
+            ids, att = batch["input_ids"][micro].to(device), batch["attention_mask"][micro].to(device)
+            T = int(att.sum(1).max())
+            logp = token_logprobs(model, ids[:, :T], att[:, :T], sampling, self.banned(self._vocab()))
+            out[micro, :T] = logp.float().cpu()
+        return out
+
+    # -- evaluation and checkpoints --------------------------------------------------------------------------
+    def evaluate(self, pool: KernelPool, n: int | None = None) -> dict[str, float]:
+        """Accuracy and per-line statistics on the held-out split (same sampling code as training)."""
+        return evaluate(self.generator, pool, self.task, self.cfg, n or self.cfg.run.eval_n)
+
+    def save(self) -> Path:
+        model = self.accelerator.unwrap_model(self.model)
+        self._saved_step = self.step
+        return checkpoint.save(self.run_dir, self.step, model, self.tokenizer, self.optimizer, self.scheduler,
+                               {"data_position": self.problems.position}, keep=self.cfg.run.keep_checkpoints)
+
+
+def evaluate(generator: HFGenerator, pool: KernelPool, task: Any, cfg: Config, n: int,
+             samples_per_problem: int = 1, progress: Any = None) -> dict[str, float]:
+    """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...)."""
+    rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
+    chosen = [(i, rows[i]) for i in range(min(n, len(rows)))]
+    sampling = cfg.rollout.sampling(seed=cfg.run.seed + 7)
+    rules = EpisodeRules(max_output_tokens=cfg.rollout.max_output_tokens, max_repeats=cfg.rollout.max_repeats)
+    trajs: list[Trajectory] = []
+    chunk = max(1, pool.size // samples_per_problem)
+    for start in range(0, len(chosen), chunk):
+        part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + chunk], RewardModel(
+            cfg.rewards.weights), sampling, rules, group_size=samples_per_problem,
+            chat_template=cfg.model.chat_template, progress=progress))
+        trajs += part
+    return summarize(trajs)
