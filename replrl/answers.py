@@ -75,6 +75,8 @@ def _clean_text(text: str) -> str | None:
     m = _WRAPPED.fullmatch(s)
     if m:
         s = (m[1] if m[1] is not None else m[2]).strip()
+    if _FRACTION_REPR.fullmatch(s):
+        return s
     s = s.removesuffix("%").strip()
     if s.count("$") == 1:
         s = s.replace("$", "").strip()

@@ -33,6 +33,8 @@ _OPERATORS: dict[str, Callable[[Fraction, Fraction], Any]] = {
 }
 MAX_NUMERATOR = 10**12
 """Generated answers stay within this magnitude (and denominator), so a float computation still lands within 1e-9."""
+MAX_CONSECUTIVE_REPEATS = 10_000
+"""Generation gives up when this many problems in a row were already taken (the level's problems are used up)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Level:
     digits: tuple[int, int]
     """Each number has between this many digits (inclusive)."""
     operators: tuple[str, ...]
-    """Operators drawn from, uniformly; ``//`` and ``%`` only ever get integer operands."""
+    """Operators drawn from, uniformly; ``//`` and ``%`` only get integer operands with dividend > divisor > 1."""
     needs_division: bool = False
     """Every expression contains a true division ``/`` (rational answers)."""
 
@@ -95,8 +97,8 @@ def _build(rng: random.Random, level: Level, n_ops: int) -> _Expr:
 
 
 def _allowed(op: str, left: _Expr, right: _Expr) -> bool:
-    if op in ("//", "%"):  # integer operands only (floats would floor differently), divisor at least 2
-        return not (left.has_division or right.has_division) and right.value > 1
+    if op in ("//", "%"):  # integers only (floats would floor differently), dividend > divisor > 1: no trivial 0
+        return not (left.has_division or right.has_division) and left.value > right.value > 1
     if op == "/":
         return right.value != 0
     return True
@@ -139,18 +141,19 @@ class ArithmeticTask:
 
     def _generate(self, split: str, n: int, exclude: set[str]) -> list[dict[str, str]]:
         rng = random.Random(f"replrl-arithmetic-{self.seed}-{self.level}-{split}")  # str seeds are stable across runs
-        seen, rows = set(exclude), []
-        for _ in range(20 * n + 1000):
-            if len(rows) == n:
-                return rows
+        seen, rows, misses = set(exclude), [], 0
+        while len(rows) < n:
             text, value = generate_expression(rng, LEVELS[self.level])
             question = f"What is {text}?"
-            if question not in seen:
-                seen.add(question)
-                rows.append({"question": question, "answer": str(value)})
-        if len(rows) == n:
-            return rows
-        raise TaskError(f"arithmetic level {self.level} has too few distinct problems for {n} {split} rows")
+            if question in seen:
+                misses += 1
+                if misses > MAX_CONSECUTIVE_REPEATS:
+                    raise TaskError(f"arithmetic level {self.level} has too few distinct problems for {n} rows")
+                continue
+            seen.add(question)
+            rows.append({"question": question, "answer": str(value)})
+            misses = 0
+        return rows
 
     def header(self, row: dict) -> str:
         return format_header(self.header_template, row)
