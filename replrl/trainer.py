@@ -278,7 +278,7 @@ class Trainer:
                                             kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
                     self.accelerator.backward(loss * weight)
                     stats["entropy"] = float(masked_mean(entropy, lm))
-                    stats["loss"] = float(loss)
+                    stats["loss"] = float(loss.detach())
                     for k, v in stats.items():
                         totals[k] = totals.get(k, 0.0) + float(v) * weight
                 params = [p for p in self.model.parameters() if p.requires_grad]

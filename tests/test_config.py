@@ -28,7 +28,7 @@ def test_file_then_overrides(tmp_path):
 
 
 def test_saved_config_round_trips(tmp_path):
-    cfg = resolve(Config, None, {"task": {"name": "gsm8k", "options": '{"a": 1}'}, "run": {"max_steps": "7"}})
+    cfg = resolve(Config, None, {"task": {"name": "gsm8k", "options": '{"a": 1, "split": {"test": "train"}}'}, "run": {"max_steps": "7"}})
     path = tmp_path / "config.toml"
     path.write_text(to_toml(cfg))
     again = resolve(Config, str(path), {})

@@ -1,0 +1,189 @@
+"""The trainer on a tiny model built in the test: a real training step changes the weights and writes metrics and a
+checkpoint; resume continues at the next step; checkpoints survive kills and full disks; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from replrl import checkpoint
+from replrl.config import Config
+from replrl.configlib import resolve
+from replrl.metrics import read_metrics
+from replrl.models import tiny_model
+from replrl.policy import load_tokenizer
+from replrl.trainer import RunDirError, Trainer
+from tests.toy import teach_format
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "examples" / "smoke.toml")
+
+
+@pytest.fixture(scope="session")
+def format_model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama taught to type `submit(k)` lines, saved like any local model directory."""
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    model = teach_format(tiny_model(tokenizer, seed=0), tokenizer)
+    path = tmp_path_factory.mktemp("format-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def toy_config(model_dir: Path, **run: object) -> Config:
+    return resolve(Config, None, {
+        "model": {"name": str(model_dir), "chat_template": False},
+        "task": {"name": "tests.toy:EchoTask"},
+        "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
+                    "max_total_tokens": 256, "wall_s": 2.0},
+        "optim": {"lr": 1e-3, "warmup_steps": 0},
+        "run": {"max_steps": 2, "save_every": 1, "log_samples_every": 1, "tensorboard": False, **run},
+    })
+
+
+def test_two_steps_change_the_weights_and_write_metrics_and_checkpoints(format_model_dir, tmp_path):
+    trainer = Trainer(toy_config(format_model_dir), tmp_path / "run", progress=False)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "training did not change the weights"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward_mean", "accuracy", "syntax_error_rate", "exception_rate", "entropy", "clip_frac",
+                "grad_norm", "lr", "rollout_s", "update_s", "tokens_per_s", "reward/correct"):
+        assert key in rows[0], key
+    assert rows[0]["lines_per_episode"] >= 1 and rows[0]["end/submit"] > 0  # the format model really submits
+    assert checkpoint.latest(tmp_path / "run").name == "step-000002"
+    assert (tmp_path / "run" / "config.toml").exists() and (tmp_path / "run" / "samples.jsonl").exists()
+
+
+def test_resume_continues_at_the_next_step(format_model_dir, tmp_path):
+    run = tmp_path / "run"
+    Trainer(toy_config(format_model_dir), run, progress=False).train()
+    resumed = Trainer(toy_config(format_model_dir, max_steps=3), run, resume=True, progress=False)
+    assert resumed.step == 2 and resumed.problems.position == 4
+    resumed.train()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == 3
+
+
+def test_a_run_directory_holding_another_run_is_refused(format_model_dir, tmp_path):
+    Trainer(toy_config(format_model_dir, max_steps=1), tmp_path, progress=False).train()
+    with pytest.raises(RunDirError, match="already holds a different run"):
+        Trainer(toy_config(format_model_dir, max_steps=5), tmp_path, progress=False)
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.w = torch.nn.Linear(2, 2)
+        self.fail = fail
+
+    def save_pretrained(self, path, **kwargs):
+        os.makedirs(path, exist_ok=True)
+        torch.save(self.state_dict(), os.path.join(path, "weights.pt"))
+        if self.fail:
+            raise OSError(28, "No space left on device")
+
+
+class _Tok:
+    def save_pretrained(self, path):
+        Path(path, "tok.json").write_text("{}")
+
+
+def _save(run: Path, step: int, model: torch.nn.Module) -> Path:
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return checkpoint.save(run, step, model, _Tok(), opt, sched, {"data_position": step})
+
+
+def test_a_full_disk_mid_save_keeps_the_last_good_checkpoint(tmp_path):
+    _save(tmp_path, 1, _Tiny())
+    with pytest.raises(checkpoint.CheckpointError, match="No space left on device.*step-000001 is intact"):
+        _save(tmp_path, 2, _Tiny(fail=True))
+    assert checkpoint.latest(tmp_path).name == "step-000001"
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "the half-written checkpoint was not cleaned up"
+
+
+def test_kill_9_during_checkpoint_writing_leaves_the_previous_one_loadable(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time, torch
+        sys.path.insert(0, {str(REPO)!r})
+        from tests.test_trainer import _Tiny, _save
+        from pathlib import Path
+        _save(Path({str(tmp_path)!r}), 1, _Tiny())
+
+        class Slow(_Tiny):
+            def save_pretrained(self, path, **kw):
+                super().save_pretrained(path)
+                print("writing", flush=True)
+                time.sleep(60)
+
+        _save(Path({str(tmp_path)!r}), 2, Slow())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    last = checkpoint.latest(tmp_path)
+    assert last is not None and last.name == "step-000001"
+    opt = torch.optim.AdamW(_Tiny().parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    assert checkpoint.load_state(last, opt, sched)["step"] == 1
+
+
+def replrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "replrl.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rollout.temprature", "1"], "unrecognized arguments: --rollout.temprature"),
+    (["--rollout.group_size", "four"], "rollout.group_size must be int; got 'four'"),
+    (["--rollout.group_size", "1"], "rollout.group_size must be >= 2"),
+    (["--model.name", "/no/such/model"], "model '/no/such/model' not found"),
+    (["--task.name", "gsm8k", "--task.data", "/no/such/data.jsonl"], "not found"),
+])
+def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
+    proc = replrl("train", SMOKE, "--run-dir", str(tmp_path / "r"), *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len([ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]) == 1, proc.stderr
+
+
+def test_unknown_key_in_a_config_file_and_a_dataset_without_the_field(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rollout]\ntemprature = 0.5\n")
+    proc = replrl("train", str(bad), "--run-dir", str(tmp_path / "r1"))
+    assert proc.returncode == 1 and "did you mean 'rollout.temperature'" in proc.stderr, proc.stderr
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"problem": "1+1", "answer": "#### 2"}) + "\n")
+    proc = replrl("train", SMOKE, "--run-dir", str(tmp_path / "r2"), "--task.name", "gsm8k", "--task.data",
+                  str(data), "--task.options", '{"split": {"train": "train", "test": "train"}}')
+    assert proc.returncode == 1 and "no field 'question'" in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_finishes_the_step_saves_and_exits_0(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "replrl.cli", "train", SMOKE, "--run-dir", str(run),
+                             "--run.max_steps", "50", "--run.save_every", "0", "--no-progress"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not read_metrics(run) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    steps = [r["step"] for r in read_metrics(run)]
+    assert 1 <= len(steps) < 50
+    assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == steps[-1]
