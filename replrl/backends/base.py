@@ -1,0 +1,46 @@
+"""The Generator protocol: what the rollout loop needs from a generation backend.
+
+A session holds many rows (episodes). Each row alternates: the caller asks for one line (``next_line``), executes
+it, and asks for the next line, passing the tokens the environment inserts (interpreter output, the next prompt).
+Requests for different rows are awaited concurrently; a backend batches whatever rows are waiting, and keeps
+generating for the other rows while one row's line is being executed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from replrl.types import LineSample, SamplingParams
+
+
+@runtime_checkable
+class GenSession(Protocol):
+    """Generation state for a fixed set of rows (one prompt each), e.g. the KV cache of a batch of episodes."""
+
+    async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
+        """Append ``env_ids`` to row ``i``'s context (after its prompt, on the first call), then sample one line.
+
+        The line ends at the first token whose text ends with a newline (finish "newline"), at an end-of-sequence
+        token (finish "eos", the token included), or after ``max_line_tokens`` tokens (finish "length").
+        """
+        ...
+
+    def finish(self, i: int) -> None:
+        """Row ``i``'s episode is over: free its slot. No further ``next_line`` for it."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release everything the session holds; pending requests fail."""
+        ...
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """A backend that opens generation sessions."""
+
+    tokenizer: Any
+    """A Hugging Face tokenizer: the ids it produces are the ids sessions take and return."""
+
+    def session(self, prompts: list[list[int]], sampling: SamplingParams) -> GenSession:
+        """A session with one row per prompt (token ids, non-empty), all sampled with ``sampling``."""
+        ...

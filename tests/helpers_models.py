@@ -1,0 +1,35 @@
+"""Real tokenizers and tiny models for tests, loaded once per process."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from replrl.models import SMOLLM2_ALIAS, load_model_and_tokenizer, load_tokenizer
+
+
+@functools.cache
+def smollm2_tokenizer() -> Any:
+    """The SmolLM2 tokenizer: a real byte-level BPE that merges newlines with spaces ("\\n    ", "\\n\\n")."""
+    return load_tokenizer(SMOLLM2_ALIAS)
+
+
+@functools.cache
+def smollm2() -> tuple[Any, Any]:
+    """(model, tokenizer): the real SmolLM2-135M-Instruct weights, fp32."""
+    return load_model_and_tokenizer(SMOLLM2_ALIAS)
+
+
+def with_logit_bias(model: Any, bias: dict[int, float]) -> Any:
+    """Give ``model`` an output layer with a bias (same weights): logits[id] += bias[id]. Returns the model."""
+    head = model.get_output_embeddings()
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True, dtype=head.weight.dtype)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        for token_id, value in bias.items():
+            biased.bias[token_id] = value
+    model.set_output_embeddings(biased)
+    return model
