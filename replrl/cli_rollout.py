@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from .policy import load_policy
     from .rewards import RewardModel
     from .rollout import EpisodeRules, rollout, summarize
-    from .trainer import task_from_config
+    from .trainer import GEN_THREADS, task_from_config
 
     cfg = config_from_args(args)
     if args.n < 1 or args.group_size < 1:
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
     cfg.model.name = model_spec_and_config(cfg.model.name, cfg)
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    generator = HFGenerator(model, tokenizer)
+    generator = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
     rules = EpisodeRules(max_output_tokens=cfg.rollout.max_output_tokens, max_repeats=cfg.rollout.max_repeats)
     bar = tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr)
 

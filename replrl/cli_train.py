@@ -98,7 +98,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from .backends.hf import HFGenerator
     from .cli_rollout import format_summary, model_spec_and_config
     from .policy import load_policy
-    from .trainer import evaluate, task_from_config
+    from .trainer import GEN_THREADS, evaluate, task_from_config
 
     overrides = overrides_from_args(args)
     run_cfg = Path(args.model) / "config.toml"
@@ -118,7 +118,7 @@ def run_eval(args: argparse.Namespace) -> int:
                                tools=task.tools).start())
     try:
         with tqdm(total=args.n * args.samples, desc="eval", unit="episode", file=sys.stderr) as bar:
-            summary = evaluate(HFGenerator(model, tokenizer), pool, task, cfg, args.n, args.samples, progress=bar)
+            summary = evaluate(HFGenerator(model, tokenizer, num_threads=GEN_THREADS), pool, task, cfg, args.n, args.samples, progress=bar)
     finally:
         run_sync(pool.close())
     print(format_summary(summary))

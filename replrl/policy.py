@@ -8,17 +8,9 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
-from .models import SMOLLM2_ALIAS, load_model_and_tokenizer, tiny_model
+from .models import SMOLLM2_ALIAS, load_model_and_tokenizer, load_tokenizer, tiny_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_tokenizer(spec: str) -> Any:
-    from transformers import AutoTokenizer
-
-    from .models import _converted_gguf, _smollm2_gguf
-
-    return AutoTokenizer.from_pretrained(_converted_gguf(_smollm2_gguf()) if spec == SMOLLM2_ALIAS else spec)
 
 
 def load_policy(cfg: ModelConfig, seed: int = 0, checkpoint: Path | None = None) -> tuple[Any, Any]:

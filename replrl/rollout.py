@@ -89,9 +89,8 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                 span = (start, len(traj.token_ids))
                 if sample.finish != "newline":
                     code = text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if sample.finish == "eos" else text
-                    if code.strip():
-                        traj.lines.append(Line(code=code, status="incomplete", token_span=span,
-                                               prompt=session.prompt))
+                    # recorded even when empty, so every sampled token belongs to exactly one line
+                    traj.lines.append(Line(code=code, status="incomplete", token_span=span, prompt=session.prompt))
                     traj.end_reason = "eos" if sample.finish == "eos" else "overlong_line"
                     break
                 code = text[:-1]
@@ -177,10 +176,11 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
     finally:
         await gen.aclose()
     stats = RolloutStats(wall_s=time.perf_counter() - t0,
-                         generation_s=float(getattr(gen, "busy_s", 0.0)),
+                         generation_s=float(getattr(gen, "stats", {}).get("worker_s", 0.0)),
                          execution_s=sum(t.timing["execution_s"] for t in trajs),
                          model_tokens=sum(sum(t.loss_mask) for t in trajs),
-                         env_tokens=sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs))
+                         env_tokens=sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs),
+                         extra={f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()})
     return trajs, stats
 
 

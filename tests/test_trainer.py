@@ -19,8 +19,7 @@ from replrl import checkpoint
 from replrl.config import Config
 from replrl.configlib import resolve
 from replrl.metrics import read_metrics
-from replrl.models import tiny_model
-from replrl.policy import load_tokenizer
+from replrl.models import load_tokenizer, tiny_model
 from replrl.trainer import RunDirError, Trainer
 from tests.toy import teach_format
 

@@ -1,0 +1,125 @@
+"""A tiny real model that has memorised one REPL script per question, so rollout tests can drive every path (blocks,
+errors, timeouts, crashes, repeats, truncation, EOS, ...) with real sampling and real kernels.
+
+The training sequences are built exactly as a rollout builds them: prompt ids, then each line's ids (the line and its
+newline, tokenized alone), then the environment's ids (the output and next prompt that a real ReplSession produced
+for the script, tokenized alone). The loss is on the line ids only. Sampled at a low temperature the model replays
+the script.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from replrl.repl import ReplSession
+from replrl.rollout import _env_ids, build_prompt, encode
+from sandbox import run_sync
+
+EOS = object()  # a script entry: the model ends the episode with its end-of-sequence token
+
+SCRIPTS: dict[str, list[Any]] = {
+    "block": ["total = 0", "for i in range(4):", "    total += i", "", "submit(total)"],
+    "errors": ["1/0", "x = = 1", "y = 7", "submit(y)"],
+    "wrong": ["submit(5)"],
+    "bigprint": ["print('ab' * 300)", "submit(1)"],
+    "repeat": ["x = 1", "x = 1", "x = 1", "submit(x)"],
+    "timeout": ["from time import sleep", "sleep(30)", "submit(2)"],
+    "crash": ["import os", "os._exit(1)", "submit(3)"],
+    "many": ["a = 1", "b = 2", "c = 3", "d = 4", "e = 5", "f = 6", "submit(a)"],
+    "eos": ["z = 4", EOS],
+    "overlong": ["w = " + " + ".join(str(i) for i in range(30)), "submit(w)"],
+}
+ANSWERS = {"block": 6, "errors": 7, "wrong": 4, "bigprint": 1, "repeat": 1, "timeout": 2, "crash": 3, "many": 1,
+           "eos": 4, "overlong": 435}
+
+
+@dataclass
+class ScriptTask:
+    """One problem per script; the question names the script."""
+
+    name: ClassVar[str] = "scripts"
+    tools: ClassVar[tuple[str, ...]] = ("submit",)
+
+    def rows(self, split: str) -> list[dict]:
+        return [{"question": f"Run script {name}.", "script": name} for name in SCRIPTS]
+
+    def header(self, row: dict) -> str:
+        return row["question"]
+
+    def answer_of(self, row: dict) -> Any:
+        return ANSWERS[row["script"]]
+
+    def check(self, row: dict, submitted: Any) -> bool:
+        return submitted == ANSWERS[row["script"]]
+
+
+def script_sequences(tokenizer: Any, pool: Any, max_output_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(ids, loss_positions) per script, with interpreter output from real kernels."""
+
+    async def run(lines: list[Any]) -> list[tuple[Any, str, str, bool]]:
+        """(line, output, next prompt, episode over) per line, as a rollout would see them."""
+        async with pool.acquire() as kernel:
+            session = ReplSession(kernel, banner="")
+            out = []
+            for line in lines:
+                if line is EOS:
+                    out.append((line, "", "", True))
+                    break
+                step = await session.feed(line)
+                over = bool(step.result and (step.result.restarted or step.result.tool_calls))
+                out.append((line, step.output, step.next_prompt, over))
+                if over:
+                    break
+            return out
+
+    seqs = []
+    task = ScriptTask()
+    for row in task.rows("train"):
+        ids = encode(tokenizer, build_prompt(tokenizer, task.header(row), chat_template=False))
+        loss_pos: list[int] = []
+        for line, output, next_prompt, over in run_sync(run(SCRIPTS[row["script"]])):
+            line_ids = [tokenizer.eos_token_id] if line is EOS else encode(tokenizer, line + "\n")
+            loss_pos += range(len(ids), len(ids) + len(line_ids))
+            ids += line_ids
+            if not over:
+                ids += _env_ids(tokenizer, output, next_prompt, max_output_tokens)
+        seqs.append((ids, loss_pos))
+    return seqs
+
+
+def teach_scripts(model: Any, tokenizer: Any, seqs: list[tuple[list[int], list[int]]], steps: int = 500,
+                  lr: float = 3e-3, seed: int = 0, target_loss: float = 0.01) -> Any:
+    """Supervised steps until the model reproduces every script (LM head only at the loss positions; the input
+    embeddings stay fixed, which memorisation does not need and which is the slow part of a backward pass)."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model.get_input_embeddings().weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    low = 0
+    for _ in range(steps):
+        batch = rng.sample(seqs, k=min(6, len(seqs)))
+        T = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), T), tokenizer.eos_token_id)
+        att = torch.zeros(len(batch), T, dtype=torch.long)
+        rows, cols = [], []
+        for b, (seq, pos) in enumerate(batch):
+            ids[b, :len(seq)] = torch.tensor(seq)
+            att[b, :len(seq)] = 1
+            rows += [b] * len(pos)
+            cols += pos
+        hidden = model.model(input_ids=ids, attention_mask=att).last_hidden_state        # [B, T, H]
+        rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
+        logits = model.lm_head(hidden[rows_t, cols_t - 1])                                # [N, V]
+        loss = torch.nn.functional.cross_entropy(logits, ids[rows_t, cols_t])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        low = low + 1 if loss.item() < target_loss else 0
+        if low >= 10:
+            break
+    return model.eval()

@@ -1,0 +1,196 @@
+"""The rollout loop with a real (tiny) model, real sampling and real sandboxed kernels.
+
+Invariants 1-3 and 5 of DESIGN.md: token-exact splicing (decode(ids) == text, sampler log-probs == a plain forward's),
+line boundaries on token boundaries, loss_mask == 1 exactly on sampled tokens, rewards attached per line; and every
+end reason and reward term, driven by a model that memorised one script per question (tests/scripted.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from replrl.backends.hf import HFGenerator
+from replrl.backends.sampling import newline_banned_mask
+from replrl.config import RewardConfig
+from replrl.loss import token_logprobs
+from replrl.models import load_tokenizer, tiny_model
+from replrl.repl import TRUNCATED_MARKER
+from replrl.rewards import RewardModel
+from replrl.rollout import EpisodeRules, build_prompt, rollout
+from replrl.types import SamplingParams, Trajectory
+from sandbox import KernelPool, Limits, run_sync
+from tests.scripted import SCRIPTS, ScriptTask, script_sequences, teach_scripts
+
+pytestmark = pytest.mark.timeout(900)  # the module fixture teaches the scripts (about a minute on 2 cores)
+LIMITS = Limits(wall_s=1.0, interrupt_grace_s=1.0)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3)
+SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=5, max_total_tokens=400, seed=1)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = run_sync(KernelPool(size=4, limits=LIMITS, tools=["submit"]).start())
+    yield p
+    run_sync(p.close())
+
+
+@pytest.fixture(scope="module")
+def scripted(pool):
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    model = tiny_model(tokenizer, seed=0, hidden_size=128, intermediate_size=256)
+    teach_scripts(model, tokenizer, script_sequences(tokenizer, pool, RULES.max_output_tokens))
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def episodes(scripted, pool) -> dict[str, Trajectory]:
+    model, tokenizer = scripted
+    task = ScriptTask()
+    rows = list(enumerate(task.rows("train")))
+    trajs, _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows, RewardModel(RewardConfig().weights),
+                                SAMPLING, RULES, chat_template=False))
+    return {row["script"]: t for (_, row), t in zip(rows, trajs)}
+
+
+def test_token_exact_splicing_and_masks(scripted, episodes):
+    _, tokenizer = scripted
+    for name, t in episodes.items():
+        assert tokenizer.decode(t.token_ids) == t.text, name
+        prompt = build_prompt(tokenizer, f"Run script {name}.", chat_template=False)
+        assert tokenizer.decode(t.token_ids[:t.prompt_len]) == prompt
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+        sampled = {i for line in t.lines for i in range(*line.token_span)}
+        assert {i for i, m in enumerate(t.loss_mask) if m} == sampled, name  # loss on sampled tokens, nowhere else
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if not m)
+        for line in t.lines:
+            text = tokenizer.decode(t.token_ids[slice(*line.token_span)])
+            if line.status != "incomplete" or line is not t.lines[-1]:
+                assert text == line.code + "\n", (name, text)  # a line ends on the token that ends with "\n"
+                assert "\n" not in text[:-1]
+
+
+def test_sampler_logprobs_equal_a_plain_forward_pass(scripted, episodes):
+    model, tokenizer = scripted
+    banned = newline_banned_mask(tokenizer, model.get_output_embeddings().weight.shape[0])
+    for name, t in episodes.items():
+        ids = torch.tensor([t.token_ids])
+        logp = token_logprobs(model, ids, torch.ones_like(ids), SAMPLING, banned)[0]           # [T]
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(logp[mask], torch.tensor(t.logprobs)[mask], atol=2e-4, rtol=0), name
+
+
+def terms(t: Trajectory) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in t.lines:
+        for k, v in line.rewards.items():
+            if v:
+                out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def test_the_model_replays_its_scripts(episodes):
+    for name, t in episodes.items():
+        unfinished = t.end_reason in ("eos", "overlong_line")  # the last line never got its newline
+        codes = [line.code for line in (t.lines[:-1] if unfinished else t.lines)]
+        expected = [s for s in SCRIPTS[name] if isinstance(s, str)]
+        assert codes == expected[:len(codes)], (name, codes)
+        if unfinished:
+            assert t.lines[-1].status == "incomplete"
+
+
+def test_blocks_use_continuation_prompts_and_run_on_the_blank_line(episodes):
+    t = episodes["block"]
+    assert [(ln.prompt, ln.status) for ln in t.lines] == [
+        (">>> ", "ok"), (">>> ", "incomplete"), ("... ", "incomplete"), ("... ", "ok"), (">>> ", "ok")]
+    assert "... \n>>> submit(total)\n" in t.text
+    assert t.end_reason == "submit" and t.answer == 6 and t.correct
+    assert t.outcome_rewards == {"correct": 1.0} and t.reward == 1.0
+
+
+@pytest.mark.parametrize("name, end_reason, line_terms, outcome", [
+    ("errors", "submit", {"exception": -0.1, "syntax_error": -0.3}, {"correct": 1.0}),
+    ("wrong", "submit", {}, {"wrong": 0.0}),
+    ("repeat", "repeat", {"repeat_line": -0.2}, {"no_submit": -0.2}),
+    ("timeout", "submit", {"timeout": -0.2}, {"correct": 1.0}),
+    ("crash", "crash", {"crash": -0.5}, {"no_submit": -0.2}),
+    ("many", "max_lines", {}, {"no_submit": -0.2}),
+    ("eos", "eos", {}, {"no_submit": -0.2}),
+    ("overlong", "overlong_line", {}, {"no_submit": -0.2}),
+])
+def test_end_reasons_and_reward_terms(episodes, name, end_reason, line_terms, outcome):
+    t = episodes[name]
+    assert t.end_reason == end_reason, (name, [ln.code for ln in t.lines])
+    assert terms(t) == pytest.approx(line_terms)
+    assert t.outcome_rewards == outcome
+    assert t.reward == pytest.approx(sum(line_terms.values()) + sum(outcome.values()))
+
+
+def test_timeouts_and_errors_are_shown_as_cpython_shows_them(episodes):
+    assert "KeyboardInterrupt\n>>> submit(2)" in episodes["timeout"].text
+    assert [ln.status for ln in episodes["timeout"].lines][:2] == ["ok", "timeout"]
+    errors = episodes["errors"]
+    assert "ZeroDivisionError: division by zero\n>>> x = = 1\n" in errors.text
+    assert [ln.error_name for ln in errors.lines][:2] == ["ZeroDivisionError", "SyntaxError"]
+
+
+def test_long_output_is_cut_with_a_visible_marker(episodes, scripted):
+    _, tokenizer = scripted
+    t = episodes["bigprint"]
+    assert TRUNCATED_MARKER in t.text and t.correct
+    first, second = t.lines[0].token_span, t.lines[1].token_span
+    assert second[0] - first[1] <= RULES.max_output_tokens + len(tokenizer.encode(TRUNCATED_MARKER + ">>> ")) + 2
+
+
+def test_max_total_tokens_ends_the_episode(scripted, pool):
+    model, tokenizer = scripted
+    task = ScriptTask()
+    row = next(r for r in task.rows("train") if r["script"] == "bigprint")
+    prompt_len = len(tokenizer.encode(build_prompt(tokenizer, task.header(row), chat_template=False)))
+    sampling = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=5, max_total_tokens=prompt_len + 30,
+                              seed=1)
+    (t,), _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, [(0, row)],
+                               RewardModel(RewardConfig().weights), sampling, RULES, chat_template=False))
+    assert t.end_reason == "max_tokens" and len(t.token_ids) < prompt_len + 30
+
+
+def test_records_are_json_lines(episodes):
+    for t in episodes.values():
+        again = Trajectory.from_dict(json.loads(t.to_json()))
+        assert again.token_ids == t.token_ids and again.lines == t.lines and again.reward == t.reward
+        d = json.loads(t.to_json())
+        for key in ("token_ids", "loss_mask", "logprobs", "prompt_len", "text", "lines", "answer", "correct",
+                    "end_reason", "task", "row", "sampling"):
+            assert key in d
+        assert d["sampling"]["temperature"] == SAMPLING.temperature
+        for line in d["lines"]:
+            assert set(line) >= {"code", "output", "status", "error_name", "rewards", "token_span"}
+
+
+@pytest.mark.slow
+def test_real_pretrained_model_on_gsm8k(pool):
+    """SmolLM2-135M-Instruct (offline) on a few GSM8K test problems: lines execute, outputs splice, records valid."""
+    from pathlib import Path
+
+    from replrl.tasks import load_task
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+    task = load_task("gsm8k", data=str(data), limit=3)
+    gen = HFGenerator.from_pretrained("smollm2-135m-instruct", device="cpu")
+    sampling = SamplingParams(temperature=0.7, max_line_tokens=48, max_lines=4, max_total_tokens=768, seed=0)
+    rows = [(i, task.rows("test")[i]) for i in range(3)]
+    trajs, stats = run_sync(rollout(gen, pool, task, rows, RewardModel(RewardConfig().weights), sampling, RULES,
+                                    group_size=2))
+    assert len(trajs) == 6 and stats.model_tokens > 0
+    executed = [ln for t in trajs for ln in t.lines if ln.status != "incomplete"]
+    assert executed, "the real model never completed a line"
+    for t in trajs:
+        assert gen.tokenizer.decode(t.token_ids) == t.text
+        assert t.end_reason in ("submit", "eos", "max_lines", "max_tokens", "crash", "timeout", "repeat",
+                                "overlong_line")
+        for line in t.lines:
+            if line.status != "incomplete":
+                assert gen.tokenizer.decode(t.token_ids[slice(*line.token_span)]) == line.code + "\n"
+                assert line.output in t.text
