@@ -108,7 +108,8 @@ def format_summary(s: dict[str, float]) -> str:
         f"lines per episode   {s['lines_per_episode']:.2f}",
         f"per line            syntax errors {s['syntax_error_rate']:.3f}, exceptions {s['exception_rate']:.3f}, "
         f"timeouts {s['timeout_rate']:.3f}, crashes {s['crash_rate']:.3f}",
-        f"tokens per episode  model {s['model_tokens_per_episode']:.1f}, interpreter {s['env_tokens_per_episode']:.1f}",
+        f"tokens per episode  model {s['model_tokens_per_episode']:.1f}, "
+        f"interpreter {s['env_tokens_per_episode']:.1f}",
         "end reasons         " + ", ".join(f"{k[4:]} {v:.2f}" for k, v in s.items() if k.startswith("end/")),
     ]
     if "wall_s" in s:

@@ -118,7 +118,8 @@ def run_eval(args: argparse.Namespace) -> int:
                                tools=task.tools).start())
     try:
         with tqdm(total=args.n * args.samples, desc="eval", unit="episode", file=sys.stderr) as bar:
-            summary = evaluate(HFGenerator(model, tokenizer, num_threads=GEN_THREADS), pool, task, cfg, args.n, args.samples, progress=bar)
+            generator = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
+            summary = evaluate(generator, pool, task, cfg, args.n, args.samples, progress=bar)
     finally:
         run_sync(pool.close())
     print(format_summary(summary))

@@ -118,5 +118,6 @@ def _why_not(level: str) -> str:
                 "not world-searchable); bubblewrap makes it reachable with read-only mounts")
     tool = {"bwrap": "bwrap", "unshare": "unshare"}[level]
     if not shutil.which(tool):
-        return f"`{tool}` is not installed" + (" (Debian/Ubuntu: apt-get install bubblewrap)" if tool == "bwrap" else "")
+        hint = " (Debian/Ubuntu: apt-get install bubblewrap)" if tool == "bwrap" else ""
+        return f"`{tool}` is not installed{hint}"
     return f"`{tool}` is installed but cannot create namespaces here (user namespaces disabled?)"

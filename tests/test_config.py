@@ -28,7 +28,8 @@ def test_file_then_overrides(tmp_path):
 
 
 def test_saved_config_round_trips(tmp_path):
-    cfg = resolve(Config, None, {"task": {"name": "gsm8k", "options": '{"a": 1, "split": {"test": "train"}}'}, "run": {"max_steps": "7"}})
+    options = '{"a": 1, "split": {"test": "train"}}'
+    cfg = resolve(Config, None, {"task": {"name": "gsm8k", "options": options}, "run": {"max_steps": "7"}})
     path = tmp_path / "config.toml"
     path.write_text(to_toml(cfg))
     again = resolve(Config, str(path), {})
@@ -36,7 +37,8 @@ def test_saved_config_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"rollout": {"temprature": 1.0}}, "unknown config key 'rollout.temprature' (did you mean 'rollout.temperature'?)"),
+    ({"rollout": {"temprature": 1.0}},
+     "unknown config key 'rollout.temprature' (did you mean 'rollout.temperature'?)"),
     ({"rolout": {"temperature": 1.0}}, "unknown config key 'rolout' (did you mean 'rollout'?)"),
     ({"rollout": {"group_size": "four"}}, "rollout.group_size must be int; got 'four'"),
     ({"rollout": {"group_size": 1}}, "rollout.group_size must be >= 2"),
