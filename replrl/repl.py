@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codeop
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from sandbox import ExecResult, Kernel, ToolCall
@@ -97,7 +98,9 @@ class ReplSession:
 
     def _needs_more(self, source: str) -> bool:
         try:
-            return self._compiler(source, "<stdin>", "single") is None
+            with warnings.catch_warnings():  # the kernel shows compile warnings to the model; not the host's stderr
+                warnings.simplefilter("ignore")
+                return self._compiler(source, "<stdin>", "single") is None
         except (OverflowError, SyntaxError, ValueError):
             return False  # let the kernel compile it and print the error
 

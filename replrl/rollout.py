@@ -110,6 +110,8 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                     traj.end_reason = "submit"
                 elif result is not None and result.restarted:
                     traj.end_reason = "crash" if result.status == "crashed" else "timeout"
+                elif result is not None and result.error_name == "SystemExit":  # exit() ends a REPL session
+                    traj.end_reason = "exit"
                 elif repeats + 1 >= rules.max_repeats:
                     traj.end_reason = "repeat"
                 elif len(traj.lines) >= sampling.max_lines:

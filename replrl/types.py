@@ -113,6 +113,11 @@ class Trajectory:
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
+    def _repr_html_(self) -> str:
+        from .viewer import trajectory_html
+
+        return trajectory_html(self)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         d = dict(d)
