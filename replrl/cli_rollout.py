@@ -79,12 +79,19 @@ def run(args: argparse.Namespace) -> int:
     rules = EpisodeRules(max_output_tokens=cfg.rollout.max_output_tokens, max_repeats=cfg.rollout.max_repeats)
     bar = tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr)
 
+    wave = max(1, min(16, n_problems * args.group_size) // args.group_size)  # problems per wave: kernels stay warm
+
     async def go():
-        async with KernelPool(size=min(n_problems * args.group_size, 16), limits=cfg.rollout.limits(),
-                              tools=task.tools) as pool:
-            return await rollout(generator, pool, task, chosen, RewardModel(cfg.rewards.weights),
-                                 cfg.rollout.sampling(), rules, group_size=args.group_size,
-                                 chat_template=cfg.model.chat_template, progress=bar)
+        trajs, stats = [], None
+        async with KernelPool(size=wave * args.group_size, limits=cfg.rollout.limits(), tools=task.tools) as pool:
+            for start in range(0, len(chosen), wave):
+                part, st = await rollout(generator, pool, task, chosen[start:start + wave],
+                                         RewardModel(cfg.rewards.weights), cfg.rollout.sampling(), rules,
+                                         group_size=args.group_size, chat_template=cfg.model.chat_template,
+                                         progress=bar)
+                trajs += part
+                stats = st if stats is None else stats.merge(st)
+        return trajs, stats
 
     trajs, stats = run_sync(go())
     bar.close()

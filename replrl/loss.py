@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from replrl.backends.sampling import sampling_logprobs
@@ -91,15 +90,17 @@ def token_logprobs_and_entropy(
     attention_mask: Tensor,
     params: SamplingParams,
     banned: Tensor | None = None,
+    loss_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Log-prob of each token given the previous ones, and the entropy of that distribution: ([B, T], [B, T]).
 
     The distribution is the sampler's (``sampling_logprobs``: temperature, banned tokens, top-k/top-p), so these
-    match the log-probs recorded at rollout. Position 0 and padding (attention_mask 0) get 0. Entropy is computed
-    without gradient (it is logged, not optimised). Rows are processed one at a time, so at most one [T, V] float
-    copy of the logits exists besides what autograd keeps.
+    match the log-probs recorded at rollout. Position 0 and padding (attention_mask 0) get 0. With ``loss_mask``,
+    only tokens where it is 1 are scored (0 elsewhere): the LM head and the softmax then run on those positions
+    only, which is most of the saving of a GRPO update over interpreter-heavy transcripts. Entropy is computed
+    without gradient (it is logged, not optimised).
     """
-    logp, entropy = _token_logprobs(model, input_ids, attention_mask, params, banned, with_entropy=True)
+    logp, entropy = _token_logprobs(model, input_ids, attention_mask, params, banned, True, loss_mask)
     assert entropy is not None
     return logp, entropy
 
@@ -110,9 +111,23 @@ def token_logprobs(
     attention_mask: Tensor,
     params: SamplingParams,
     banned: Tensor | None = None,
+    loss_mask: Tensor | None = None,
 ) -> Tensor:
     """Log-prob [B, T] of each token given the previous ones (see ``token_logprobs_and_entropy``)."""
-    return _token_logprobs(model, input_ids, attention_mask, params, banned, with_entropy=False)[0]
+    return _token_logprobs(model, input_ids, attention_mask, params, banned, False, loss_mask)[0]
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, LM head) of a causal LM (also under DDP or peft wrappers), or None if it does not split so."""
+    base = getattr(model, "module", model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    if getattr(getattr(base, "config", None), "final_logit_softcapping", None):
+        return None
+    try:
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return (decoder, head) if decoder is not None and head is not None else None
 
 
 def _token_logprobs(
@@ -122,19 +137,38 @@ def _token_logprobs(
     params: SamplingParams,
     banned: Tensor | None,
     with_entropy: bool,
+    loss_mask: Tensor | None = None,
+    chunk: int = 1024,
 ) -> tuple[Tensor, Tensor | None]:
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [B, T, V]
-    targets = input_ids[:, 1:]                                             # [B, T-1]
-    if banned is None:
-        banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)  # [V]
-    rows_logp, rows_ent = [], []
-    for b in range(input_ids.shape[0]):
-        lp = sampling_logprobs(logits[b, :-1], params, banned)             # [T-1, V] float
-        rows_logp.append(lp.gather(-1, targets[b, :, None])[:, 0])         # [T-1]
+    B, T = input_ids.shape
+    scored = (attention_mask if loss_mask is None else loss_mask)[:, 1:] > 0    # [B, T-1]  targets to score
+    rows, cols = scored.nonzero(as_tuple=True)                              # [N], [N]  target t = cols + 1
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        decoder, head = parts
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        states = hidden[rows, cols]                                         # [N, H]  state before each target
+        def logits_of(i: slice) -> Tensor:
+            return head(states[i])                                          # [n, V]
+    else:
+        full = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [B, T, V]
+        def logits_of(i: slice) -> Tensor:
+            return full[rows[i], cols[i]]                                   # [n, V]
+    targets = input_ids[:, 1:][rows, cols]                                  # [N]
+    tok_logp, tok_ent = [], []
+    for start in range(0, len(rows), chunk):                                # at most [chunk, V] floats at a time
+        i = slice(start, start + chunk)
+        logits = logits_of(i)
+        if banned is None:
+            banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        lp = sampling_logprobs(logits, params, banned)                      # [n, V] float
+        tok_logp.append(lp.gather(-1, targets[i, None])[:, 0])              # [n]
         if with_entropy:
             with torch.no_grad():
-                rows_ent.append(-(lp.exp() * lp.nan_to_num(neginf=0.0)).sum(-1))  # [T-1]  0 * -inf -> 0
-    real = attention_mask > 0                                              # [B, T]
-    logp = F.pad(torch.stack(rows_logp), (1, 0)).where(real, 0.0)          # [B, T]
-    entropy = F.pad(torch.stack(rows_ent), (1, 0)).where(real, 0.0) if with_entropy else None  # [B, T]
+                tok_ent.append(-(lp.exp() * lp.nan_to_num(neginf=0.0)).sum(-1))  # [n]  0 * -inf -> 0
+    zeros = torch.zeros(B, T, device=input_ids.device)
+    flat = torch.cat(tok_logp) if tok_logp else zeros.new_zeros(0)
+    logp = zeros.index_put((rows, cols + 1), flat)                          # [B, T]
+    entropy = zeros.index_put((rows, cols + 1), torch.cat(tok_ent)) if with_entropy and tok_ent else (
+        zeros if with_entropy else None)                                    # [B, T]
     return logp, entropy

@@ -50,6 +50,13 @@ class RolloutStats:
     def to_dict(self) -> dict[str, float]:
         return {**{k: v for k, v in asdict(self).items() if k != "extra"}, **self.extra}
 
+    def merge(self, other: RolloutStats) -> RolloutStats:
+        """Two consecutive rollouts as one (times and counts add up)."""
+        extra = {k: self.extra.get(k, 0.0) + other.extra.get(k, 0.0) for k in {*self.extra, *other.extra}}
+        return RolloutStats(self.wall_s + other.wall_s, self.generation_s + other.generation_s,
+                            self.execution_s + other.execution_s, self.model_tokens + other.model_tokens,
+                            self.env_tokens + other.env_tokens, extra)
+
 
 def build_prompt(tokenizer: Any, header: str, chat_template: bool = True) -> str:
     """The episode's prompt text: the task header as a user turn (chat template when the tokenizer has one), then

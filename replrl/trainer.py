@@ -274,7 +274,7 @@ class Trainer:
                     T = int(att.sum(1).max())
                     ids, att, lm = ids[:, :T], att[:, :T], lm[:, :T]                        # [b, T]
                     logp, entropy = token_logprobs_and_entropy(self.model, ids, att, sampling,
-                                                               self.banned(self._vocab()))
+                                                               self.banned(self._vocab()), loss_mask=lm)
                     loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device), lm,
                                             clip=(cfg.loss.clip_low, cfg.loss.clip_high), agg=cfg.loss.agg,
                                             ref_logp=None if ref is None else ref[micro][:, :T].to(device),
@@ -315,8 +315,9 @@ class Trainer:
         out = torch.zeros_like(batch["old_logprobs"])
         for micro in torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch):
             ids, att = batch["input_ids"][micro].to(device), batch["attention_mask"][micro].to(device)
+            lm = batch["loss_mask"][micro].to(device)
             T = int(att.sum(1).max())
-            logp = token_logprobs(model, ids[:, :T], att[:, :T], sampling, self.banned(self._vocab()))
+            logp = token_logprobs(model, ids[:, :T], att[:, :T], sampling, self.banned(self._vocab()), lm[:, :T])
             out[micro, :T] = logp.float().cpu()
         return out
 

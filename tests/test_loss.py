@@ -210,3 +210,25 @@ def test_banned_tokens_off_the_mask_are_harmless(tiny_llama):
     loss.backward()
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in tiny_llama.parameters() if p.grad is not None)
+
+
+def test_scoring_only_sampled_positions_equals_the_full_computation_there():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from replrl.loss import token_logprobs_and_entropy
+    from replrl.types import SamplingParams
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    ids = torch.randint(0, 100, (2, 9))
+    att = torch.ones_like(ids)
+    att[1, 7:] = 0                                                   # row 1 is padded
+    loss_mask = torch.tensor([[0, 0, 1, 1, 0, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0, 1, 0, 0]], dtype=torch.float)
+    params = SamplingParams(temperature=0.7, top_k=20)
+    full_lp, full_ent = token_logprobs_and_entropy(model, ids, att, params)
+    lp, ent = token_logprobs_and_entropy(model, ids, att, params, loss_mask=loss_mask)
+    on = loss_mask.bool()
+    torch.testing.assert_close(lp[on], full_lp[on])                 # same values where scored
+    torch.testing.assert_close(ent[on], full_ent[on])
+    assert (lp[~on] == 0).all() and (ent[~on] == 0).all()          # nothing elsewhere
