@@ -47,7 +47,10 @@ async def repl_rollouts(gen: HFGenerator, prompts: list[list[int]], lines: int, 
     async with KernelPool(size=len(prompts), limits=Limits(wall_s=2.0), tools=["submit"]) as pool:
         t0 = time.perf_counter()
 
+        env_total = 0
+
         async def episode(i: int) -> int:
+            nonlocal env_total
             n = 0
             env: list[int] = []
             async with pool.acquire() as kernel:
@@ -60,13 +63,14 @@ async def repl_rollouts(gen: HFGenerator, prompts: list[list[int]], lines: int, 
                     text = tok.decode(line.token_ids)
                     step = await repl.feed(text[:-1] if text.endswith("\n") else text.replace("\n", " "))
                     env = _env_ids(tok, step.output, step.next_prompt, 64)
+                    env_total += len(env)
             session.finish(i)
             return n
 
         counts = await asyncio.gather(*(episode(i) for i in range(len(prompts))))
         wall = time.perf_counter() - t0
     await session.aclose()
-    return wall, sum(counts), per_line
+    return wall, sum(counts), env_total, dict(session.stats), per_line
 
 
 def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int) -> float:
@@ -101,10 +105,11 @@ def main() -> None:
     sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=args.lines, max_total_tokens=10**6,
                               seed=0)
     gen = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
-    wall, model_tokens, per_line = asyncio.run(repl_rollouts(gen, prompts, args.lines + 1, args.line_tokens,
-                                                             sampling))
-    per_row = model_tokens / args.batch
+    wall, model_tokens, env_tokens, stats, per_line = asyncio.run(
+        repl_rollouts(gen, prompts, args.lines + 1, args.line_tokens, sampling))
+    per_row, env_row = model_tokens / args.batch, env_tokens / args.batch
     plain = plain_generate(model, tokenizer, prompts, round(per_row))
+    plain_all = plain_generate(model, tokenizer, prompts, round(per_row + env_row))
     ratio = wall / plain
 
     def cost(k: int) -> float:  # seconds per sampled token for line k (line 0 absorbed the prompt prefill)
@@ -115,12 +120,20 @@ def main() -> None:
     print(f"{'REPL rollouts (generate + execute + splice)':46s} {wall:8.2f} s")
     print(f"{'model.generate, same new tokens per row':46s} {plain:8.2f} s")
     print(f"{'ratio (target <= 1.15)':46s} {ratio:8.2f}x")
+    print(f"interpreter tokens per row {env_row:.0f} (spliced, {env_row / per_row:.1f} per model token); "
+          f"{stats['steps']:.0f} steps, {stats['columns'] / max(stats['fed_tokens'], 1):.2f} columns per fed token")
+    print(f"{'model.generate of model + interpreter tokens':46s} {plain_all:8.2f} s")
+    print(f"{'ratio to that (the sampler's own overhead)':46s} {wall / plain_all:8.2f}x")
     print(f"{'line 1 cost per token':46s} {1000 * first:8.1f} ms")
     print(f"{f'line {args.lines} cost per token':46s} {1000 * last:8.1f} ms")
     print(f"{'ratio (target <= 1.5)':46s} {last / first:8.2f}x")
     print(json.dumps({"batch": args.batch, "lines": args.lines, "model_tokens_per_row": round(per_row, 1),
                       "repl_rollout_s": round(wall, 3), "plain_generate_s": round(plain, 3),
                       "repl_vs_plain_generation_ratio": round(ratio, 3),
+                      "env_tokens_per_row": round(env_row, 1), "plain_generate_all_tokens_s": round(plain_all, 3),
+                      "repl_vs_plain_same_total_tokens_ratio": round(wall / plain_all, 3),
+                      "steps": stats["steps"], "columns_per_fed_token": round(stats["columns"] / max(
+                          stats["fed_tokens"], 1), 3),
                       "line1_ms_per_token": round(1000 * first, 2), "line40_ms_per_token": round(1000 * last, 2),
                       "line40_vs_line1_cost_ratio": round(last / first, 3)}))
 

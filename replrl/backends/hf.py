@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from replrl.backends.attention import grouped_attention
 from replrl.backends.sampling import eos_ids, line_end_ids, newline_banned_mask, sample, sampling_logprobs
 from replrl.types import LineSample, SamplingParams
 
@@ -127,14 +128,15 @@ class _Batch:
         allowed = torch.cat([self.valid[:, None, :].expand(b, w, t), chunk], dim=-1)  # [B, w, T+w]
         attention_mask = torch.zeros(b, 1, w, t + w, dtype=self.model.dtype, device=self.device)
         attention_mask.masked_fill_(~allowed[:, None], self.min_value)       # [B, 1, w, T+w] additive
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with grouped_attention(self.model):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.pos += n
         return out.logits[:, -1]
