@@ -64,7 +64,7 @@ class TaskConfig:
 class RolloutConfig:
     group_size: int = 8
     """Episodes sampled per problem (GRPO's group); advantages are normalised within a group. Must be >= 2."""
-    problems_per_step: int = 2
+    problems_per_step: int = 1
     """Problems per training step: a step samples problems_per_step * group_size episodes at once."""
     temperature: float = 1.0
     """Sampling temperature (1.0: the policy's own distribution, as GRPO expects)."""
@@ -72,13 +72,13 @@ class RolloutConfig:
     """Nucleus sampling mass (1.0: off)."""
     top_k: int = 0
     """Top-k sampling (0: off)."""
-    max_line_tokens: int = 64
+    max_line_tokens: int = 48
     """A line longer than this ends the episode (end reason overlong_line)."""
-    max_lines: int = 16
+    max_lines: int = 8
     """Lines per episode (block lines count)."""
-    max_total_tokens: int = 1024
+    max_total_tokens: int = 640
     """Prompt + generated + spliced tokens per episode."""
-    max_output_tokens: int = 96
+    max_output_tokens: int = 64
     """Interpreter output longer than this many tokens is cut, with a visible marker."""
     max_repeats: int = 3
     """The same line this many times in a row ends the episode (end reason repeat)."""

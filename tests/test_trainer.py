@@ -186,3 +186,33 @@ def test_ctrl_c_finishes_the_step_saves_and_exits_0(tmp_path):
     steps = [r["step"] for r in read_metrics(run)]
     assert 1 <= len(steps) < 50
     assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == steps[-1]
+
+
+def test_eval_and_plot_commands_on_a_run(format_model_dir, tmp_path):
+    run = tmp_path / "run"
+    Trainer(toy_config(format_model_dir, max_steps=1), run, progress=False).train()
+    proc = replrl("eval", "--model", str(run), "--n", "4", "--out", str(tmp_path / "eval.json"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "eval.json").read_text())
+    assert summary["episodes"] == 4 and 0.0 <= summary["accuracy"] <= 1.0 and "syntax_error_rate" in summary
+    proc = replrl("plot", str(run))
+    assert proc.returncode == 0, proc.stderr
+    png = run / "curves.png"
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lora_training_saves_adapters_and_resumes(format_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    cfg = toy_config(format_model_dir, max_steps=1)
+    cfg.model.lora_rank = 4
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in n for n in trainable)
+    trainer.train()
+    assert (checkpoint.latest(tmp_path / "run") / "model" / "adapter_config.json").exists()
+    cfg2 = toy_config(format_model_dir, max_steps=2)
+    cfg2.model.lora_rank = 4
+    resumed = Trainer(cfg2, tmp_path / "run", resume=True, progress=False)
+    assert resumed.step == 1
+    resumed.train()
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
