@@ -26,10 +26,12 @@ class EchoTask:
     tools: ClassVar[tuple[str, ...]] = ("submit",)
     n: int = 64
     seed: int = 0
+    digits: tuple[int, ...] = DIGITS
+    """The numbers questions ask for; a single digit makes the task a bias the policy must learn."""
 
     def rows(self, split: str) -> list[dict]:
         rng = random.Random(self.seed + (split == "test"))
-        return [{"question": f"Submit {d}.", "answer": d} for d in (rng.choice(DIGITS) for _ in range(self.n))]
+        return [{"question": f"Submit {d}.", "answer": d} for d in (rng.choice(self.digits) for _ in range(self.n))]
 
     def header(self, row: dict) -> str:
         return row["question"]
