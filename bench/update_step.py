@@ -62,8 +62,9 @@ def main() -> None:
     pool = run_sync(KernelPool(size=args.episodes, tools=task.tools).start())
     try:
         rows = [(i, task.rows("test")[i]) for i in range(args.episodes // 4)]
+        rules = EpisodeRules.from_config(Config().rollout)
         trajs, _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows,
-                                    RewardModel(Config().rewards.weights), sampling, EpisodeRules(), group_size=4))
+                                    RewardModel(Config().rewards.weights), sampling, rules, group_size=4))
     finally:
         run_sync(pool.close())
     batch = batch_tensors(trajs, tokenizer.pad_token_id)

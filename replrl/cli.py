@@ -12,7 +12,7 @@ import sys
 
 from sandbox import KernelStartError, SandboxUnavailable
 
-from . import __version__, cli_repl
+from . import __version__, cli_repl, cli_rollout, cli_train
 
 # Errors a user can fix; anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, KernelStartError, SandboxUnavailable)
@@ -26,24 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"replrl {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    cli_repl.add_parser(sub)
-    for module in _optional_commands():
+    for module in (cli_repl, cli_rollout, cli_train):
         module.add_parser(sub)
     return parser
-
-
-def _optional_commands() -> list:
-    """Subcommands that land as their modules exist."""
-    import importlib
-
-    mods = []
-    for name in ("cli_rollout", "cli_train"):
-        try:
-            mods.append(importlib.import_module(f"replrl.{name}"))
-        except ModuleNotFoundError as err:
-            if err.name != f"replrl.{name}":
-                raise
-    return mods
 
 
 def main(argv: list[str] | None = None) -> int:

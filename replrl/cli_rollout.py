@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     cfg.model.name = model_spec_and_config(cfg.model.name, cfg)
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
     generator = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
-    rules = EpisodeRules(max_output_tokens=cfg.rollout.max_output_tokens, max_repeats=cfg.rollout.max_repeats)
+    rules = EpisodeRules.from_config(cfg.rollout)
     bar = tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr)
 
     wave = max(1, min(16, n_problems * args.group_size) // args.group_size)  # problems per wave: kernels stay warm

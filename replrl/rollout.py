@@ -28,10 +28,14 @@ SUBMIT = "submit"
 
 @dataclass(frozen=True)
 class EpisodeRules:
-    """Per-episode limits beyond sampling (from RolloutConfig)."""
+    """Per-episode limits beyond sampling; ``EpisodeRules.from_config(cfg.rollout)`` (defaults live in config.py)."""
 
-    max_output_tokens: int = 96
-    max_repeats: int = 3
+    max_output_tokens: int
+    max_repeats: int
+
+    @classmethod
+    def from_config(cls, rollout_cfg: Any) -> EpisodeRules:
+        return cls(max_output_tokens=rollout_cfg.max_output_tokens, max_repeats=rollout_cfg.max_repeats)
 
 
 @dataclass
@@ -125,7 +129,7 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                     traj.end_reason = "max_lines"
                 if traj.end_reason:
                     break
-                env_ids = _env_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
+                env_ids = env_token_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
                 if len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens:
                     traj.end_reason = "max_tokens"
                     break
@@ -149,7 +153,7 @@ def _append(traj: Trajectory, sample: LineSample) -> None:
     traj.logprobs += sample.logprobs
 
 
-def _env_ids(tokenizer: Any, output: str, next_prompt: str, max_output_tokens: int) -> list[int]:
+def env_token_ids(tokenizer: Any, output: str, next_prompt: str, max_output_tokens: int) -> list[int]:
     """Tokens of what the environment prints after a line; long output is cut with a visible marker."""
     ids = encode(tokenizer, output + next_prompt)
     if len(ids) <= max_output_tokens:
@@ -159,7 +163,7 @@ def _env_ids(tokenizer: Any, output: str, next_prompt: str, max_output_tokens: i
 
 
 async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
-                  rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules = EpisodeRules(),
+                  rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules,
                   group_size: int = 1, chat_template: bool = True,
                   progress: Any = None) -> tuple[list[Trajectory], RolloutStats]:
     """Sample ``group_size`` episodes for each ``(row_index, row)`` concurrently; return them grouped in order."""

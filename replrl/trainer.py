@@ -125,8 +125,7 @@ class Trainer:
         self.generator = HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer,
                                      device=self.accelerator.device, num_threads=GEN_THREADS)
         self.rewards = RewardModel(cfg.rewards.weights)
-        self.rules = EpisodeRules(max_output_tokens=cfg.rollout.max_output_tokens,
-                                  max_repeats=cfg.rollout.max_repeats)
+        self.rules = EpisodeRules.from_config(cfg.rollout)
         self.pad_id = self.generator.pad_id
         self.step = 0
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
@@ -339,7 +338,7 @@ def evaluate(generator: HFGenerator, pool: KernelPool, task: Any, cfg: Config, n
     rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
     chosen = [(i, rows[i]) for i in range(min(n, len(rows)))]
     sampling = cfg.rollout.sampling(seed=cfg.run.seed + 7)
-    rules = EpisodeRules(max_output_tokens=cfg.rollout.max_output_tokens, max_repeats=cfg.rollout.max_repeats)
+    rules = EpisodeRules.from_config(cfg.rollout)
     trajs: list[Trajectory] = []
     chunk = max(1, pool.size // samples_per_problem)
     for start in range(0, len(chosen), chunk):

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from replrl.repl import ReplSession
-from replrl.rollout import _env_ids, build_prompt, encode
+from replrl.rollout import build_prompt, encode, env_token_ids
 from sandbox import run_sync
 
 EOS = object()  # a script entry: the model ends the episode with its end-of-sequence token
@@ -86,7 +86,7 @@ def script_sequences(tokenizer: Any, pool: Any, max_output_tokens: int) -> list[
             loss_pos += range(len(ids), len(ids) + len(line_ids))
             ids += line_ids
             if not over:
-                ids += _env_ids(tokenizer, output, next_prompt, max_output_tokens)
+                ids += env_token_ids(tokenizer, output, next_prompt, max_output_tokens)
         seqs.append((ids, loss_pos))
     return seqs
 
