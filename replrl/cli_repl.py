@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 
 from sandbox import Kernel, Limits, run_sync
+from sandbox.sync import loop_thread
 
 from .repl import PS1, ReplSession
 
@@ -69,11 +71,13 @@ def _interactive(session: ReplSession) -> int:
             session.buffer.clear()
             prompt = PS1
             continue
-        try:
-            step = run_sync(session.feed(line))
-        except KeyboardInterrupt:  # Ctrl-C while a statement runs: interrupt the kernel, as CPython would
-            run_sync(session.kernel.interrupt())
-            continue
+        pending = asyncio.run_coroutine_threadsafe(session.feed(line), loop_thread().loop)
+        while True:
+            try:
+                step = pending.result()
+                break
+            except KeyboardInterrupt:  # Ctrl-C while a statement runs: interrupt the kernel, show its traceback
+                run_sync(session.kernel.interrupt())
         sys.stdout.write(step.output)
         for call in step.result.tool_calls if step.result else []:
             print(f"[tool call] {call.name}({', '.join(map(repr, call.args))})")

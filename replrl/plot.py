@@ -11,7 +11,7 @@ PANELS = [
     ("answer accuracy", ["accuracy", "submit_rate", "eval/accuracy"]),
     ("per-line error rates", ["syntax_error_rate", "exception_rate", "timeout_rate", "crash_rate"]),
     ("reward terms (mean per episode)", None),  # every reward/<term>
-    ("lines and tokens per episode", ["lines_per_episode"]),
+    ("lines per episode", ["lines_per_episode"]),
     ("policy", ["entropy", "clip_frac", "approx_kl", "kl"]),
 ]
 
