@@ -216,3 +216,16 @@ def test_lora_training_saves_adapters_and_resumes(format_model_dir, tmp_path):
     assert resumed.step == 1
     resumed.train()
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
+
+
+def test_kl_reference_and_reused_batches_recompute_old_logprobs(format_model_dir, tmp_path):
+    cfg = toy_config(format_model_dir, max_steps=1, save_every=0)
+    cfg.loss.kl_coef = 0.1
+    cfg.optim.epochs, cfg.optim.minibatches, cfg.optim.micro_batch = 2, 2, 2
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    assert trainer.ref_model is not None and not any(p.requires_grad for p in trainer.ref_model.parameters())
+    trainer.train()
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["optimizer_steps"] == 4                                # 2 epochs x 2 minibatches
+    assert "kl" in row and row["kl"] >= 0.0                          # k3 to the frozen reference
+    assert 0.0 <= row["clip_frac"] <= 1.0
