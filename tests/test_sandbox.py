@@ -195,12 +195,19 @@ def test_kernel_replaced_after_crash_keeps_tools():
 
 
 def test_pool_close_leaves_nothing_behind():
-    before = set(os.listdir("/tmp"))
-    with SyncKernelPool(size=2, limits=Limits(uid_base=UID_BASE + 15000)) as pool:
-        with pool.acquire() as kernel:
-            assert kernel.execute("1", mode="single").output == "1\n"
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with SyncKernelPool(size=1, limits=Limits(uid_base=UID_BASE + 14000)):
+        pass  # the first pool creates the shared zmq context and loop thread, which live on by design
+    before, fds = set(os.listdir("/tmp")), open_fds()
+    for _ in range(2):
+        with SyncKernelPool(size=2, limits=Limits(uid_base=UID_BASE + 15000)) as pool:
+            with pool.acquire() as kernel:
+                assert kernel.execute("1", mode="single").output == "1\n"
     leftover = {d for d in set(os.listdir("/tmp")) - before if d.startswith("replrl-kernel-")}
     assert leftover == set()
+    assert open_fds() <= fds, "pools leaked file descriptors (sockets, pidfds or logs)"
 
 
 def test_unavailable_isolation_is_an_error_not_a_silent_downgrade():
