@@ -19,7 +19,7 @@ from sandbox import KernelPool
 
 from .backends.base import Generator, GenSession
 from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession
-from .rewards import RewardModel
+from .rewards import SYNTAX_ERRORS, RewardModel
 from .tasks.base import Task
 from .types import Line, LineSample, SamplingParams, Trajectory
 
@@ -208,10 +208,8 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
         "accuracy": sum(bool(t.correct) for t in trajs) / n,
         "submit_rate": sum(t.end_reason == "submit" for t in trajs) / n,
         "lines_per_episode": sum(len(t.lines) for t in trajs) / n,
-        "syntax_error_rate": sum(ln.error_name in ("SyntaxError", "IndentationError", "TabError")
-                                 for ln in lines if ln.status == "error") / n_lines,
-        "exception_rate": sum(ln.status == "error" and ln.error_name not in ("SyntaxError", "IndentationError",
-                                                                             "TabError") for ln in lines) / n_lines,
+        "syntax_error_rate": sum(ln.status == "error" and ln.error_name in SYNTAX_ERRORS for ln in lines) / n_lines,
+        "exception_rate": sum(ln.status == "error" and ln.error_name not in SYNTAX_ERRORS for ln in lines) / n_lines,
         "timeout_rate": sum(ln.status == "timeout" for ln in lines) / n_lines,
         "crash_rate": sum(ln.status == "crashed" for ln in lines) / n_lines,
         "model_tokens_per_episode": sum(sum(t.loss_mask) for t in trajs) / n,

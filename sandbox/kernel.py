@@ -265,10 +265,9 @@ class Kernel:
                 await proc.request("execute_request", _exec_content("", op="reap"), 1.0)
         if reply is None:  # died, or would not stop
             died = not proc.alive
-            tail = proc.log_tail() if died else ""
-            self._lose(proc)
             if died:
-                log.info("sandboxed kernel died: %s", tail)
+                log.info("sandboxed kernel died: %s", proc.log_tail())
+            self._lose(proc)
             return ExecResult("crashed" if died and status != "timeout" else status, restarted=True,
                               error_name=None, duration_s=time.perf_counter() - t0)
         return _result(reply, status, time.perf_counter() - t0)
