@@ -199,6 +199,10 @@ class OptimConfig:
 class RunConfig:
     max_steps: int = 60
     """Training steps."""
+    time_budget_min: float = 0.0
+    """Stop (saving a checkpoint) after the first step that ends more than this many minutes after training
+    started in this invocation, even before max_steps (0: no limit). The LR schedule still follows max_steps.
+    For comparisons at equal wall-clock budget."""
     seed: int = 0
     """Seed of everything (model init for tiny models, problem order, sampling)."""
     eval_every: int = 0
@@ -216,6 +220,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_positive("run", self, "max_steps", "keep_checkpoints")
+        if self.time_budget_min < 0:
+            raise ConfigError("run.time_budget_min must be >= 0")
         for name in ("eval_every", "eval_n", "save_every", "log_samples_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"run.{name} must be >= 0")

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from replrl.backends.sampling import sampling_logprobs
+from replrl.backends.sampling import TokenMasks, line_starts, sampling_logprobs
 from replrl.types import SamplingParams
 
 Aggregation = Literal["token_mean", "seq_mean", "constant"]
@@ -89,13 +89,14 @@ def token_logprobs_and_entropy(
     input_ids: Tensor,
     attention_mask: Tensor,
     params: SamplingParams,
-    banned: Tensor | None = None,
+    banned: Tensor | TokenMasks | None = None,
     loss_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Log-prob of each token given the previous ones, and the entropy of that distribution: ([B, T], [B, T]).
 
     The distribution is the sampler's (``sampling_logprobs``: temperature, banned tokens, top-k/top-p), so these
-    match the log-probs recorded at rollout. Position 0 and padding (attention_mask 0) get 0. With ``loss_mask``,
+    match the log-probs recorded at rollout (``banned``: one mask [V] for all positions, or the sampler's
+    ``TokenMasks``, whose line-start mask applies where ``loss_mask`` goes from 0 to 1). Position 0 and padding (attention_mask 0) get 0. With ``loss_mask``,
     only tokens where it is 1 are scored (0 elsewhere): the LM head and the softmax then run on those positions
     only, which is most of the saving of a GRPO update over interpreter-heavy transcripts. Entropy is computed
     without gradient (it is logged, not optimised).
@@ -110,7 +111,7 @@ def token_logprobs(
     input_ids: Tensor,
     attention_mask: Tensor,
     params: SamplingParams,
-    banned: Tensor | None = None,
+    banned: Tensor | TokenMasks | None = None,
     loss_mask: Tensor | None = None,
 ) -> Tensor:
     """Log-prob [B, T] of each token given the previous ones (see ``token_logprobs_and_entropy``)."""
@@ -135,7 +136,7 @@ def _token_logprobs(
     input_ids: Tensor,
     attention_mask: Tensor,
     params: SamplingParams,
-    banned: Tensor | None,
+    banned: Tensor | TokenMasks | None,
     with_entropy: bool,
     loss_mask: Tensor | None = None,
     chunk: int = 1024,
@@ -155,13 +156,18 @@ def _token_logprobs(
         def logits_of(i: slice) -> Tensor:
             return full[rows[i], cols[i]]                                   # [n, V]
     targets = input_ids[:, 1:][rows, cols]                                  # [N]
+    if isinstance(banned, TokenMasks):
+        if loss_mask is None:
+            raise ValueError("TokenMasks need the loss_mask, which tells where lines start")
+        starts = line_starts(loss_mask)[:, 1:][rows, cols]                  # [N] target is a line's first token
     tok_logp, tok_ent = [], []
     for start in range(0, len(rows), chunk):                                # at most [chunk, V] floats at a time
         i = slice(start, start + chunk)
         logits = logits_of(i)
         if banned is None:
             banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        lp = sampling_logprobs(logits, params, banned)                      # [n, V] float
+        mask = banned.at(starts[i]) if isinstance(banned, TokenMasks) else banned  # [n, V] or [V]
+        lp = sampling_logprobs(logits, params, mask)                        # [n, V] float
         tok_logp.append(lp.gather(-1, targets[i, None])[:, 0])              # [n]
         if with_entropy:
             with torch.no_grad():

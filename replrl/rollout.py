@@ -64,12 +64,28 @@ class RolloutStats:
 
 def build_prompt(tokenizer: Any, header: str, chat_template: bool = True) -> str:
     """The episode's prompt text: the task header as a user turn (chat template when the tokenizer has one), then
-    the assistant turn opening with the REPL banner and the first ``>>> ``."""
+    the assistant turn opening with the REPL banner and the first prompt, healed: ``>>>`` (see ``heal``)."""
     if chat_template and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": header}], tokenize=False,
                                              add_generation_prompt=True)
-        return text + BANNER + PS1
-    return header.rstrip("\n") + "\n\n" + BANNER + PS1
+        return text + BANNER + heal(PS1)
+    return header.rstrip("\n") + "\n\n" + BANNER + heal(PS1)
+
+
+def heal(prompt: str) -> str:
+    """The prompt as the environment emits it: without its trailing space, which the line's first token carries
+    (``>>>`` + `` print`` + ``(x)\n``), as a BPE tokenizer splits the text ``>>> print(x)``."""
+    return prompt[:-1] if prompt.endswith(" ") else prompt
+
+
+def line_text(code: str) -> str:
+    """The text a model writes for one line of code: the prompt's space, the code, the newline."""
+    return " " + code + "\n"
+
+
+def code_of(text: str) -> str:
+    """The code in a line's text (the inverse of ``line_text``, without the newline): drop the prompt's space."""
+    return text[1:] if text.startswith(" ") else text
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -100,11 +116,12 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                 span = (start, len(traj.token_ids))
                 if sample.finish != "newline":
                     code = text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if sample.finish == "eos" else text
+                    code = code_of(code)
                     # recorded even when empty, so every sampled token belongs to exactly one line
                     traj.lines.append(Line(code=code, status="incomplete", token_span=span, prompt=session.prompt))
                     traj.end_reason = "eos" if sample.finish == "eos" else "overlong_line"
                     break
-                code = text[:-1]
+                code = code_of(text[:-1])
                 t0 = time.perf_counter()
                 step = await session.feed(code)
                 exec_s += time.perf_counter() - t0
@@ -154,7 +171,9 @@ def _append(traj: Trajectory, sample: LineSample) -> None:
 
 
 def env_token_ids(tokenizer: Any, output: str, next_prompt: str, max_output_tokens: int) -> list[int]:
-    """Tokens of what the environment prints after a line; long output is cut with a visible marker."""
+    """Tokens of what the environment prints after a line and the next prompt (healed: ``>>>``, ``...``); long
+    output is cut with a visible marker."""
+    next_prompt = heal(next_prompt)
     ids = encode(tokenizer, output + next_prompt)
     if len(ids) <= max_output_tokens:
         return ids

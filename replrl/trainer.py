@@ -31,7 +31,7 @@ from sandbox import KernelPool, run_sync
 from . import checkpoint
 from .advantages import batch_tensors, compute_advantages
 from .backends.hf import HFGenerator
-from .backends.sampling import newline_banned_mask
+from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_toml
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
@@ -132,7 +132,7 @@ class Trainer:
         if resume:
             self._resume()
         self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, tensorboard=cfg.run.tensorboard)
-        self._banned: torch.Tensor | None = None
+        self._banned: TokenMasks | None = None
         self._stop = False
         self._saved_step = self.step
 
@@ -172,9 +172,10 @@ class Trainer:
     def sampling(self) -> SamplingParams:
         return self.cfg.rollout.sampling(seed=self.cfg.rollout.seed * 1_000_003 + self.step)
 
-    def banned(self, vocab_size: int) -> torch.Tensor:
-        if self._banned is None or len(self._banned) != vocab_size:
-            self._banned = newline_banned_mask(self.tokenizer, vocab_size).to(self.accelerator.device)
+    def banned(self, vocab_size: int) -> TokenMasks:
+        if self._banned is None or len(self._banned.anywhere) != vocab_size:
+            device = self.accelerator.device
+            self._banned = TokenMasks(*(m.to(device) for m in token_masks(self.tokenizer, vocab_size)))
         return self._banned
 
     # -- the loop --------------------------------------------------------------------------------------------
@@ -189,6 +190,7 @@ class Trainer:
                    dynamic_ncols=True)
         pool = run_sync(KernelPool(size=cfg.rollout.group_size * cfg.rollout.problems_per_step,
                                    limits=cfg.rollout.limits(), tools=self.task.tools).start())
+        deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
             while self.step < cfg.run.max_steps and not self._stop:
                 result = self.train_step(pool)
@@ -200,6 +202,9 @@ class Trainer:
                     self.save()
                 if cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
                     self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evaluate(pool).items()})
+                if time.monotonic() > deadline:
+                    log.info("run.time_budget_min (%g min) spent after step %d", cfg.run.time_budget_min, self.step)
+                    break
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
         finally:

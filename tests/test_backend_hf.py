@@ -15,7 +15,9 @@ import torch
 
 from replrl.backends.base import Generator, GenSession
 from replrl.backends.hf import HFGenerator
-from replrl.backends.sampling import eos_ids, line_end_ids, newline_banned_mask, sampling_logprobs
+from replrl.backends.sampling import (
+    TokenMasks, eos_ids, line_end_ids, newline_banned_mask, sampling_logprobs, token_masks,
+)
 from replrl.models import ModelNotFoundError, load_model_and_tokenizer, tiny_model
 from replrl.types import LineSample, SamplingParams
 from tests.helpers_models import smollm2, smollm2_tokenizer, with_logit_bias
@@ -75,17 +77,25 @@ async def run_episodes(session: GenSession, prompts, n_lines, env_ids) -> list[E
         await session.aclose()
 
 
-def recomputed_logprobs(model, ep: Episode, params: SamplingParams, banned: torch.Tensor) -> list[float]:
-    """The trainer's view: one plain forward over the whole sequence (no cache, no holes)."""
+def recomputed_logprobs(model, ep: Episode, params: SamplingParams, masks: TokenMasks) -> list[float]:
+    """The trainer's view: one plain forward over the whole sequence (no cache, no holes); each line's first token
+    under the line-start mask."""
     with torch.no_grad():
         logits = model(torch.tensor([ep.ids])).logits[0]                     # [T, V]
-    logprobs = sampling_logprobs(logits, params, banned)                      # row t predicts token t+1
+    starts, k = set(), 0
+    for line in ep.lines:
+        starts.add(ep.sampled_at[k])
+        k += len(line.token_ids)
+    is_start = torch.tensor([t + 1 in starts for t in range(len(ep.ids))])  # row t predicts token t+1
+    logprobs = sampling_logprobs(logits, params, masks.at(is_start))
     return [logprobs[t - 1, ep.ids[t]].item() for t in ep.sampled_at]
 
 
 def assert_line_rule(tok, ep: Episode) -> None:
+    eos = eos_ids(tok)
     for line in ep.lines:
         text = tok.decode(line.token_ids)
+        assert text.startswith(" ") or line.token_ids[0] in eos, repr(text)  # prompt healing
         if line.finish == "newline":
             assert text.endswith("\n") and "\n" not in text[:-1], repr(text)
         else:
@@ -130,6 +140,12 @@ def test_line_rule_token_sets(tok):
     assert {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")} <= eos_ids(tok)
     padded = newline_banned_mask(tok, len(tok) + 64)                         # padded embedding rows: no token
     assert padded[len(tok):].all() and torch.equal(padded[: len(tok)], banned)
+    start = newline_banned_mask(tok, line_start=True)                        # a line's first token: prompt healing
+    for ok in [" print", " \n", "    ", " x", "<|im_end|>"]:
+        assert not start[one_id(tok, ok)], repr(ok)
+    for bad in ["print", "\n", "x", "(", "\n    "]:
+        assert start[one_id(tok, bad)], repr(bad)
+    assert (start | ~banned).all()                                          # never allows what the rule bans
 
 
 # ---- the session ----
@@ -153,7 +169,7 @@ TOKEN_EXACT_CASES = {
 @pytest.mark.parametrize("case", list(TOKEN_EXACT_CASES))
 def test_token_exact(tok, case):
     params, gen_kwargs, attn = TOKEN_EXACT_CASES[case]
-    model = biased_tiny(tok, {"\n": 9.0, "<|im_end|>": 6.5}, attn_implementation=attn)
+    model = biased_tiny(tok, {"\n": 9.0, "<|im_end|>": 6.5, " x": 8.0}, attn_implementation=attn)
     gen = HFGenerator(model, tok, device="cpu", **gen_kwargs)
     assert isinstance(gen, Generator)
     prompts = [ids_of(tok, f"Task {i}: add {'1 + ' * i}1\n>>> ") for i in range(6)]
@@ -164,7 +180,7 @@ def test_token_exact(tok, case):
         run_episodes(session, prompts, n_lines, lambda i, k: ids_of(tok, outputs[(i + k) % len(outputs)]))
     )
 
-    banned = newline_banned_mask(tok, len(tok))
+    banned = token_masks(tok, len(tok))
     finishes = {line.finish for ep in episodes for line in ep.lines}
     assert "newline" in finishes
     for ep in episodes:
@@ -197,7 +213,7 @@ def test_seeded_determinism(tok):
     model = biased_tiny(tok, {"\n": 9.0})
     gen = HFGenerator(model, tok, device="cpu")
     prompts = [ids_of(tok, f">>> x = {i}\n>>> ") for i in range(3)]
-    env = lambda i, k: ids_of(tok, ">>> ")  # noqa: E731
+    env = lambda i, k: ids_of(tok, ">>>")  # noqa: E731
 
     def lines(seed: int, rows: int) -> list[list[int]]:
         params = SamplingParams(seed=seed, max_line_tokens=10)
@@ -216,7 +232,7 @@ def test_eos_and_length(tok):
     x = one_id(tok, "x")
 
     async def first_lines(model, params, rows=2, calls=1):
-        session = HFGenerator(model, tok, device="cpu").session([ids_of(tok, ">>> ")] * rows, params)
+        session = HFGenerator(model, tok, device="cpu").session([ids_of(tok, ">>>")] * rows, params)
         out = [[await session.next_line(i, []) for _ in range(calls)] for i in range(rows)]
         await session.aclose()
         return out
@@ -226,17 +242,18 @@ def test_eos_and_length(tok):
         for (line,) in asyncio.run(first_lines(model, SamplingParams(seed=0))):
             assert line.finish == "eos" and line.token_ids == [token_id] and line.logprobs[0] > -1e-3
 
-    model = with_logit_bias(tiny_model(tok), {x: 40.0})
+    space_x = one_id(tok, " x")
+    model = with_logit_bias(tiny_model(tok), {x: 40.0, space_x: 20.0})  # " x" only where "x" may not start a line
     for row in asyncio.run(first_lines(model, SamplingParams(seed=0, max_line_tokens=5), calls=2)):
         for line in row:  # a "length" line may be followed by another request
-            assert line.finish == "length" and line.token_ids == [x] * 5 and len(line.logprobs) == 5
+            assert line.finish == "length" and line.token_ids == [space_x] + [x] * 4 and len(line.logprobs) == 5
 
 
 def test_rows_generate_while_one_row_executes(tok):
     """Row 0's line is 'executing' until rows 1 and 2 have each finished three lines: no step waits for all rows."""
     model = biased_tiny(tok, {"\n": 9.0})
     gen = HFGenerator(model, tok, device="cpu")
-    prompts = [ids_of(tok, ">>> ")] * 3
+    prompts = [ids_of(tok, ">>>")] * 3
     threads: set[str] = set()
     model.register_forward_pre_hook(lambda module, args: threads.add(threading.current_thread().name))
 
@@ -248,7 +265,7 @@ def test_rows_generate_while_one_row_executes(tok):
         async def slow_row():
             await session.next_line(0, [])
             await others_done.wait()  # executing a long line
-            return await session.next_line(0, ids_of(tok, ">>> "))
+            return await session.next_line(0, ids_of(tok, ">>>"))
 
         async def fast_row(i):
             nonlocal done
@@ -287,12 +304,12 @@ def test_long_environment_output_is_chunked(tok):
     model = biased_tiny(tok, {"\n": 9.0})
     gen = HFGenerator(model, tok, device="cpu", max_step_tokens=8)
     params = SamplingParams(seed=0, max_line_tokens=6)
-    prompts = [ids_of(tok, ">>> ")] * 2
+    prompts = [ids_of(tok, ">>>")] * 2
     long_output = ids_of(tok, "[" + ", ".join(str(i) for i in range(14)) + "]\n>>> ")
     assert len(long_output) >= 40
     session = gen.session(prompts, params)
     episodes = asyncio.run(run_episodes(session, prompts, [3, 3], lambda i, k: long_output))
-    banned = newline_banned_mask(tok, len(tok))
+    banned = token_masks(tok, len(tok))
     for ep in episodes:
         assert torch.allclose(torch.tensor(recomputed_logprobs(model, ep, params, banned)), torch.tensor(ep.logprobs),
                               atol=1e-4)
@@ -306,7 +323,7 @@ def test_session_errors_and_close(tok):
         gen.session([[]], SamplingParams())
 
     async def main():
-        session = gen.session([ids_of(tok, ">>> ")] * 2, SamplingParams(max_line_tokens=96))
+        session = gen.session([ids_of(tok, ">>>")] * 2, SamplingParams(max_line_tokens=96))
         await session.next_line(0, [])
         session.finish(0)
         with pytest.raises(ValueError):
@@ -365,10 +382,10 @@ def test_real_smollm2_token_exact():
     chat = tok.apply_chat_template(
         [{"role": "user", "content": "Compute 12 * 7 in Python."}], add_generation_prompt=True, tokenize=False
     )
-    prompts = [ids_of(tok, chat + ">>> "), ids_of(tok, chat + ">>> # the answer\n>>> ")]
+    prompts = [ids_of(tok, chat + ">>>"), ids_of(tok, chat + ">>> # the answer\n>>>")]
     session = gen.session(prompts, params)
-    episodes = asyncio.run(run_episodes(session, prompts, [2, 2], lambda i, k: ids_of(tok, "84\n>>> ")))
-    banned = newline_banned_mask(tok, model.config.vocab_size)
+    episodes = asyncio.run(run_episodes(session, prompts, [2, 2], lambda i, k: ids_of(tok, "84\n>>>")))
+    banned = token_masks(tok, model.config.vocab_size)
     for ep in episodes:
         assert_line_rule(tok, ep)
         recomputed = recomputed_logprobs(model, ep, params, banned)

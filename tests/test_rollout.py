@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from replrl.backends.hf import HFGenerator
-from replrl.backends.sampling import newline_banned_mask
+from replrl.backends.sampling import token_masks
 from replrl.config import RewardConfig
 from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import TRUNCATED_MARKER
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, build_prompt, rollout
+from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, run_sync
 from tests.scripted import SCRIPTS, ScriptTask, script_sequences, teach_scripts
@@ -40,7 +40,9 @@ def pool():
 @pytest.fixture(scope="module")
 def scripted(pool):
     tokenizer = load_tokenizer("smollm2-135m-instruct")
-    model = tiny_model(tokenizer, seed=0, hidden_size=128, intermediate_size=256)
+    # seed 1: from seed 0's initialisation four of the ten questions stay indistinguishable at their first token
+    # (teach_scripts stops early only once every token is learned; a fixture that did not learn fails the replay)
+    model = tiny_model(tokenizer, seed=1, hidden_size=128, intermediate_size=256)
     teach_scripts(model, tokenizer, script_sequences(tokenizer, pool, RULES.max_output_tokens))
     return model, tokenizer
 
@@ -68,17 +70,17 @@ def test_token_exact_splicing_and_masks(scripted, episodes):
         for line in t.lines:
             text = tokenizer.decode(t.token_ids[slice(*line.token_span)])
             if line.status != "incomplete" or line is not t.lines[-1]:
-                assert text == line.code + "\n", (name, text)  # a line ends on the token that ends with "\n"
+                assert text == line_text(line.code), (name, text)  # " " (healed prompt) + code + "\n"
                 assert "\n" not in text[:-1]
 
 
 def test_sampler_logprobs_equal_a_plain_forward_pass(scripted, episodes):
     model, tokenizer = scripted
-    banned = newline_banned_mask(tokenizer, model.get_output_embeddings().weight.shape[0])
+    banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0])
     for name, t in episodes.items():
         ids = torch.tensor([t.token_ids])
-        logp = token_logprobs(model, ids, torch.ones_like(ids), SAMPLING, banned)[0]           # [T]
         mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        logp = token_logprobs(model, ids, torch.ones_like(ids), SAMPLING, banned, mask[None].long())[0]  # [T]
         torch.testing.assert_close(logp[mask], torch.tensor(t.logprobs)[mask], atol=2e-4, rtol=0), name
 
 
@@ -192,5 +194,6 @@ def test_real_pretrained_model_on_gsm8k(pool):
                                 "overlong_line")
         for line in t.lines:
             if line.status != "incomplete":
-                assert gen.tokenizer.decode(t.token_ids[slice(*line.token_span)]) == line.code + "\n"
-                assert line.output in t.text
+                assert gen.tokenizer.decode(t.token_ids[slice(*line.token_span)]) == line_text(line.code)
+                if line is not t.lines[-1]:  # the episode's last line ends it: its output is not spliced
+                    assert line.output in t.text or (TRUNCATED_MARKER in t.text and line.output[:12] in t.text)

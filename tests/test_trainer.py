@@ -75,6 +75,13 @@ def test_resume_continues_at_the_next_step(format_model_dir, tmp_path):
     assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == 3
 
 
+def test_the_time_budget_stops_the_run_after_the_step_that_spends_it(format_model_dir, tmp_path):
+    run = tmp_path / "run"
+    Trainer(toy_config(format_model_dir, max_steps=5, time_budget_min=1e-6), run, progress=False).train()
+    assert [r["step"] for r in read_metrics(run)] == [1]                     # one step, not five
+    assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == 1  # and it was saved
+
+
 def test_a_run_directory_holding_another_run_is_refused(format_model_dir, tmp_path):
     Trainer(toy_config(format_model_dir, max_steps=1), tmp_path, progress=False).train()
     with pytest.raises(RunDirError, match="already holds a different run"):

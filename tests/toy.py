@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from replrl.rollout import build_prompt, encode
+from replrl.rollout import build_prompt, encode, line_text
 
 DIGITS = (1, 2, 3, 4)
 
@@ -51,7 +51,7 @@ def teach_format(model: Any, tokenizer: Any, steps: int = 150, seed: int = 0, lr
     rng = random.Random(seed)
     prompts = {d: encode(tokenizer, build_prompt(tokenizer, task.header({"question": f"Submit {d}."}),
                                                  chat_template=False)) for d in DIGITS}
-    completions = {k: encode(tokenizer, f"submit({k})\n") for k in DIGITS}
+    completions = {k: encode(tokenizer, line_text(f"submit({k})")) for k in DIGITS}
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):

@@ -4,13 +4,19 @@
 from it and the trainer recomputes it on the same token sequence, so their log-probabilities agree exactly
 (invariant 1). The line rule (invariant 2) is a vocabulary mask: a token whose text contains a newline anywhere
 but at its very end can never be sampled, so a line always ends on a token boundary.
+
+Prompt healing: the environment's prompts end without their space (``>>>``, ``...``) and the first token of every
+line must begin with a space (or be an end-of-sequence token). A BPE tokenizer splits ``>>> print(x)`` into
+``>>>``, `` print``, ...: this is the tokenization the model saw in pretraining, so its first token of a line is
+a natural one, not a word-start token after a stray space (which would make ``>>>  x``, an IndentationError).
+The transcript text is unchanged; the line's code is its text minus that one leading space.
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,7 +27,8 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams, banned: torc
     """Log-probabilities of the distribution tokens are sampled from.
 
     logits [..., V] -> logprobs [..., V] (float32): ``logits / temperature``, ``banned`` ids removed, then top-k and
-    top-p truncation, then log_softmax. Removed tokens get -inf. ``banned`` is a BoolTensor [V] on the same device.
+    top-p truncation, then log_softmax. Removed tokens get -inf. ``banned`` is a BoolTensor [V] (or [..., V], a
+    mask per row) on the same device.
     """
     x = logits.float()                                                       # [..., V]
     if params.temperature != 1.0:
@@ -57,6 +64,9 @@ class LineRule:
 
     banned: torch.Tensor
     """BoolTensor [len(tokenizer)]: the token's text contains a newline not at its very end."""
+    start_banned: torch.Tensor
+    """BoolTensor [len(tokenizer)]: may not be a line's first token: banned, or its text does not begin with a
+    space (prompt healing; end-of-sequence ids excepted)."""
     line_end: frozenset[int]
     """Ids whose text ends with a newline (and contains no other): sampling one ends the line."""
     eos: frozenset[int]
@@ -65,6 +75,9 @@ class LineRule:
 
 _RULES: weakref.WeakKeyDictionary[Any, LineRule] = weakref.WeakKeyDictionary()
 _RULES_BY_ID: dict[int, tuple[Any, LineRule]] = {}  # for tokenizers that cannot be weakly referenced
+
+LINE_PROMPT = "\n>>>"
+"""What precedes a line's first token in a transcript: a healed prompt (its space belongs to the line)."""
 
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>")
 
@@ -79,15 +92,21 @@ def line_rule(tokenizer: Any) -> LineRule:
         if id(tokenizer) in _RULES_BY_ID:
             return _RULES_BY_ID[id(tokenizer)][1]
     n = len(tokenizer)
-    texts = tokenizer.batch_decode(
-        [[i] for i in range(n)], skip_special_tokens=False, clean_up_tokenization_spaces=False
-    )
+    # each id decoded after a prompt, as it appears in a transcript (a SentencePiece tokenizer drops the leading
+    # space of a token decoded alone)
+    prefix = tokenizer.encode(LINE_PROMPT, add_special_tokens=False)
+    skip = len(tokenizer.decode(prefix, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    texts = [t[skip:] for t in tokenizer.batch_decode(
+        [[*prefix, i] for i in range(n)], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )]
     banned = torch.tensor(["\n" in t[:-1] for t in texts], dtype=torch.bool)
     line_end = frozenset(i for i, t in enumerate(texts) if t.endswith("\n") and not banned[i])
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     vocab = tokenizer.get_vocab()
     eos |= {vocab[t] for t in _END_OF_TURN if t in vocab}
-    rule = LineRule(banned=banned, line_end=line_end, eos=frozenset(eos))
+    start_banned = banned | torch.tensor([not t.startswith(" ") for t in texts], dtype=torch.bool)
+    start_banned[sorted(i for i in eos if i < n)] = False
+    rule = LineRule(banned=banned, start_banned=start_banned, line_end=line_end, eos=frozenset(eos))
     try:
         _RULES[tokenizer] = rule
     except TypeError:
@@ -95,14 +114,16 @@ def line_rule(tokenizer: Any) -> LineRule:
     return rule
 
 
-def newline_banned_mask(tokenizer: Any, vocab_size: int | None = None) -> torch.Tensor:
-    """BoolTensor [vocab_size]: ids that may never be sampled.
+def newline_banned_mask(tokenizer: Any, vocab_size: int | None = None, line_start: bool = False) -> torch.Tensor:
+    """BoolTensor [vocab_size]: ids that may never be sampled (``line_start``: as the first token of a line).
 
     Tokens whose text contains a newline anywhere but at its end (the line rule), and ids >= len(tokenizer) (rows a
-    model's embedding matrix carries as padding; they are no token). ``vocab_size`` defaults to len(tokenizer); pass
+    model's embedding matrix carries as padding; they are no token). At a line start, also every token whose text
+    does not begin with a space, EOS excepted (prompt healing). ``vocab_size`` defaults to len(tokenizer); pass
     the model's logits width (``logits.shape[-1]``), as the sampler does, so the trainer builds the same mask.
     """
-    banned = line_rule(tokenizer).banned
+    rule = line_rule(tokenizer)
+    banned = rule.start_banned if line_start else rule.banned
     vocab_size = len(banned) if vocab_size is None else vocab_size
     if vocab_size <= len(banned):
         return banned[:vocab_size].clone()
@@ -123,3 +144,29 @@ def eos_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
     elif extra is not None:
         ids.update(int(i) for i in extra)
     return frozenset(ids)
+
+
+class TokenMasks(NamedTuple):
+    """The two masks of the sampler, for recomputing its distribution over a whole sequence (the trainer)."""
+
+    anywhere: torch.Tensor
+    """BoolTensor [V]: never sampled (``newline_banned_mask``)."""
+    line_start: torch.Tensor
+    """BoolTensor [V]: never sampled as a line's first token (``newline_banned_mask(..., line_start=True)``)."""
+
+    def at(self, is_line_start: torch.Tensor) -> torch.Tensor:
+        """BoolTensor [N, V]: the mask of each of N positions, given which are line starts (BoolTensor [N])."""
+        return torch.where(is_line_start[:, None], self.line_start, self.anywhere)
+
+
+def token_masks(tokenizer: Any, vocab_size: int | None = None) -> TokenMasks:
+    """Both masks for a tokenizer and a logits width (see ``newline_banned_mask``)."""
+    return TokenMasks(newline_banned_mask(tokenizer, vocab_size), newline_banned_mask(tokenizer, vocab_size, True))
+
+
+def line_starts(loss_mask: torch.Tensor) -> torch.Tensor:
+    """BoolTensor [..., T]: the token is a line's first (sampled, after a token that was not: every line follows
+    the environment's prompt)."""
+    start = loss_mask > 0
+    start[..., 1:] &= loss_mask[..., :-1] <= 0
+    return start
