@@ -169,6 +169,8 @@ class _StepPlan:
     sample_slots: list[int]
     sample_rows: list[int]
     generators: list[torch.Generator]
+    line_starts: list[bool]
+    """Per sampling slot: the token sampled is the first of its line (prompt healing's mask applies)."""
 
 
 class HFSession:
@@ -180,6 +182,7 @@ class HFSession:
         self._gen, self.sampling = gen, sampling
         vocab = gen.model.get_output_embeddings().weight.shape[0]
         self._banned = newline_banned_mask(gen.tokenizer, vocab).to(gen.device)
+        self._start_banned = newline_banned_mask(gen.tokenizer, vocab, line_start=True).to(gen.device)
         self._line_end = line_end_ids(gen.tokenizer)
         self._eos = eos_ids(gen.tokenizer, getattr(gen.model, "generation_config", None))
         self._rows = [_Row(list(p), self._row_generator(i)) for i, p in enumerate(prompts)]
@@ -293,9 +296,11 @@ class HFSession:
         if compact:
             self._width = longest
         n_slots = len(self._slots)
-        cap = max(1, (gen.max_prefill_tokens if self._width == 0 else gen.max_step_tokens) // n_slots)
-        width = min(max(feedable), cap)
-        feed, sample_slots, sample_rows, generators = [], [], [], []
+        if self._width == 0:  # the first step prefills the prompts
+            width = min(max(feedable), max(1, gen.max_prefill_tokens // n_slots))
+        else:
+            width = choose_width(feedable, max(1, gen.max_step_tokens // n_slots), gen.step_overhead_tokens)
+        feed, sample_slots, sample_rows, generators, line_starts = [], [], [], [], []
         for s, r in enumerate(self._slots):
             row = self._rows[r]
             n = min(feedable[s], width)
@@ -306,8 +311,9 @@ class HFSession:
                 sample_slots.append(s)
                 sample_rows.append(r)
                 generators.append(row.generator)
+                line_starts.append(not row.line_ids)
         self._width += width
-        return _StepPlan(keep, compact, width, feed, sample_slots, sample_rows, generators)
+        return _StepPlan(keep, compact, width, feed, sample_slots, sample_rows, generators, line_starts)
 
     def _run_step(self, plan: _StepPlan) -> tuple[list[int], list[float]]:
         """Worker thread: compact, forward, sample."""
@@ -325,7 +331,9 @@ class HFSession:
             chosen: list[float] = []
             if plan.sample_slots:
                 slots = torch.tensor(plan.sample_slots, device=logits.device)
-                logprobs = sampling_logprobs(logits[slots], self.sampling, self._banned)  # [S, V]
+                starts = torch.tensor(plan.line_starts, device=logits.device)[:, None]        # [S, 1]
+                banned = torch.where(starts, self._start_banned, self._banned)                # [S, V]
+                logprobs = sampling_logprobs(logits[slots], self.sampling, banned)            # [S, V]
                 sampled = sample(logprobs, plan.generators)                            # [S]
                 tokens = sampled.tolist()
                 chosen = logprobs.gather(1, sampled[:, None])[:, 0].tolist()
@@ -363,13 +371,34 @@ class HFSession:
             row.future, row.line_ids, row.line_logprobs = None, [], []
 
 
+def choose_width(feedable: list[int], cap: int, overhead: float) -> int:
+    """Columns of the next step: the width w <= cap that feeds the most real tokens per unit of cost.
+
+    Every row gets w columns, so a row with fewer than w tokens to feed pays for holes. A step costs about
+    ``overhead + rows * w`` token-columns (``overhead``: the fixed cost of a forward, in token-columns), and feeds
+    ``sum(min(f, w))`` real tokens. When most rows decode one token while one row prefills a long output, w = 1
+    wins: the prefilling row feeds a token per step alongside the others instead of making every row pay for its
+    chunk; when many rows have output to prefill, wide steps win.
+    """
+    best, best_rate = 1, -1.0
+    w, top = 1, min(max(feedable), cap)
+    while True:
+        rate = sum(min(f, w) for f in feedable) / (overhead + len(feedable) * w)
+        if rate > best_rate:
+            best, best_rate = w, rate
+        if w >= top:
+            return best
+        w = min(2 * w, top)
+
+
 class HFGenerator:
     """Generator over a transformers causal LM (full-attention decoders: Llama, Qwen2, SmolLM, ...).
 
     ``max_step_tokens`` bounds B*w of a step after the first (B rows, w columns; w >= 1), ``max_prefill_tokens``
     the first step's, which prefills the prompts. Finished rows are dropped from the cache once they are
     ``compact_finished_frac`` of its rows; the cache is re-packed when its width exceeds ``compact_hole_factor``
-    times the longest row (and by at least ``compact_min_holes`` columns). ``num_threads`` sets torch's intra-op
+    times the longest row (and by at least ``compact_min_holes`` columns). A step's width is chosen by
+    ``choose_width`` with ``step_overhead_tokens``, the fixed cost of a forward in token-columns. ``num_threads`` sets torch's intra-op
     threads of the worker thread only (None: torch's default); on a small CPU shared with busy processes (sandbox
     kernels), 1 avoids the stalls of a multi-threaded forward whose threads wait on each other.
     """
@@ -385,6 +414,7 @@ class HFGenerator:
         compact_hole_factor: float = 2.0,
         compact_min_holes: int = 32,
         num_threads: int | None = None,
+        step_overhead_tokens: float = 16.0,
     ):
         layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or [])
         if layer_types - {"full_attention"}:
@@ -401,6 +431,7 @@ class HFGenerator:
         self.max_step_tokens, self.max_prefill_tokens = max_step_tokens, max_prefill_tokens
         self.compact_finished_frac, self.compact_hole_factor = compact_finished_frac, compact_hole_factor
         self.compact_min_holes = compact_min_holes
+        self.step_overhead_tokens = step_overhead_tokens
         self.num_threads = num_threads
         self._executor: ThreadPoolExecutor | None = None
 
