@@ -19,7 +19,8 @@ from replrl.tasks.base import TaskError, check_header_template, format_header
 
 ARITHMETIC_HEADER = (
     "Solve the problem using the Python REPL below. Compute the answer with Python, "
-    "then call submit(answer) with the final number.\n\nProblem: {question}"
+    "then call submit(answer) with the final number. For example:\n"
+    ">>> x = 12 * (3 + 4)\n>>> submit(x)\n\nProblem: {question}"
 )
 """Default header; ``{question}`` (and any other row field) is filled in. Override with ``header_template=``."""
 
