@@ -126,7 +126,6 @@ def main() -> int:
     run_dir = out / "run"
 
     evaluate(MODEL, out / "before", args.n, args.gsm8k_n, Path(args.gsm8k), args.seed)
-    (out / "before").mkdir(exist_ok=True)
     run(["replrl", "train", str(CONFIG), "--run-dir", str(run_dir), "--run.seed", str(args.seed),
          "--run.time_budget_min", str(args.train_min), "--no-progress"], run_dir / "LATEST")
     evaluate(str(run_dir), out / "after", args.n, args.gsm8k_n, Path(args.gsm8k), args.seed)

@@ -124,6 +124,7 @@ def run_eval(args: argparse.Namespace) -> int:
         run_sync(pool.close())
     print(format_summary(summary))
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: round(v, 4) for k, v in summary.items()}))
     return 0

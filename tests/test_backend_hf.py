@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from replrl.backends.base import Generator, GenSession
-from replrl.backends.hf import HFGenerator
+from replrl.backends.hf import HFGenerator, choose_width
 from replrl.backends.sampling import (
     TokenMasks, eos_ids, line_end_ids, newline_banned_mask, sampling_logprobs, token_masks,
 )
@@ -125,6 +125,16 @@ def test_sampling_logprobs_small():
     batch = logits.repeat(2, 3, 1)
     assert sampling_logprobs(batch, SamplingParams(top_k=2), banned).shape == (2, 3, 4)
     assert batch[0, 0, 3] == 3.0
+
+
+def test_choose_width_trades_holes_against_step_overhead():
+    # 15 rows decode one token, one row has 40 output tokens to prefill: one column each (no holes)
+    assert choose_width([1] * 15 + [40], cap=4, overhead=16) == 1
+    # every row has output to prefill: the widest step the cap allows
+    assert choose_width([30] * 16, cap=4, overhead=16) == 4
+    # two rows left, one prefilling: a wide step is cheap next to a forward's fixed cost
+    assert choose_width([1, 40], cap=32, overhead=16) == 32
+    assert choose_width([3], cap=64, overhead=16) == 3                        # never wider than anything fed
 
 
 def test_line_rule_token_sets(tok):
