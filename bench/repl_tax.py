@@ -27,7 +27,7 @@ import torch
 from replrl.backends.hf import HFGenerator
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
-from replrl.rollout import build_prompt, encode, env_token_ids
+from replrl.rollout import build_prompt, code_of, encode, env_token_ids
 from replrl.trainer import GEN_THREADS
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits
@@ -61,7 +61,7 @@ async def repl_rollouts(gen: HFGenerator, prompts: list[list[int]], lines: int, 
                     per_line[i].append((len(line.token_ids), time.perf_counter() - t))
                     n += len(line.token_ids)
                     text = tok.decode(line.token_ids)
-                    step = await repl.feed(text[:-1] if text.endswith("\n") else text.replace("\n", " "))
+                    step = await repl.feed(code_of(text[:-1] if text.endswith("\n") else text.replace("\n", " ")))
                     env = env_token_ids(tok, step.output, step.next_prompt, 64)
                     env_total += len(env)
             session.finish(i)
