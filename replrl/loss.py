@@ -96,10 +96,10 @@ def token_logprobs_and_entropy(
 
     The distribution is the sampler's (``sampling_logprobs``: temperature, banned tokens, top-k/top-p), so these
     match the log-probs recorded at rollout (``banned``: one mask [V] for all positions, or the sampler's
-    ``TokenMasks``, whose line-start mask applies where ``loss_mask`` goes from 0 to 1). Position 0 and padding (attention_mask 0) get 0. With ``loss_mask``,
-    only tokens where it is 1 are scored (0 elsewhere): the LM head and the softmax then run on those positions
-    only, which is most of the saving of a GRPO update over interpreter-heavy transcripts. Entropy is computed
-    without gradient (it is logged, not optimised).
+    ``TokenMasks``, whose line-start mask applies where ``loss_mask`` goes from 0 to 1). Position 0 and padding
+    (attention_mask 0) get 0. With ``loss_mask``, only tokens where it is 1 are scored (0 elsewhere): the LM head
+    and the softmax then run on those positions only, which is most of the saving of a GRPO update over
+    interpreter-heavy transcripts. Entropy is computed without gradient (it is logged, not optimised).
     """
     logp, entropy = _token_logprobs(model, input_ids, attention_mask, params, banned, True, loss_mask)
     assert entropy is not None

@@ -16,7 +16,12 @@ import torch
 from replrl.backends.base import Generator, GenSession
 from replrl.backends.hf import HFGenerator, choose_width
 from replrl.backends.sampling import (
-    TokenMasks, eos_ids, line_end_ids, newline_banned_mask, sampling_logprobs, token_masks,
+    TokenMasks,
+    eos_ids,
+    line_end_ids,
+    newline_banned_mask,
+    sampling_logprobs,
+    token_masks,
 )
 from replrl.models import ModelNotFoundError, load_model_and_tokenizer, tiny_model
 from replrl.types import LineSample, SamplingParams

@@ -398,9 +398,10 @@ class HFGenerator:
     the first step's, which prefills the prompts. Finished rows are dropped from the cache once they are
     ``compact_finished_frac`` of its rows; the cache is re-packed when its width exceeds ``compact_hole_factor``
     times the longest row (and by at least ``compact_min_holes`` columns). A step's width is chosen by
-    ``choose_width`` with ``step_overhead_tokens``, the fixed cost of a forward in token-columns. ``num_threads`` sets torch's intra-op
-    threads of the worker thread only (None: torch's default); on a small CPU shared with busy processes (sandbox
-    kernels), 1 avoids the stalls of a multi-threaded forward whose threads wait on each other.
+    ``choose_width`` with ``step_overhead_tokens``, the fixed cost of a forward in token-columns. ``num_threads``
+    sets torch's intra-op threads of the worker thread only (None: torch's default); on a small CPU shared with
+    busy processes (sandbox kernels), 1 avoids the stalls of a multi-threaded forward whose threads wait on each
+    other.
     """
 
     def __init__(
