@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from replrl.backends.attention import grouped_attention
-from replrl.backends.sampling import eos_ids, line_end_ids, newline_banned_mask, sample, sampling_logprobs
+from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, sample, sampling_logprobs, token_masks
 from replrl.types import LineSample, SamplingParams
 
 
@@ -181,8 +181,7 @@ class HFSession:
             raise ValueError("HFSession needs at least one prompt, and every prompt needs at least one token")
         self._gen, self.sampling = gen, sampling
         vocab = gen.model.get_output_embeddings().weight.shape[0]
-        self._banned = newline_banned_mask(gen.tokenizer, vocab).to(gen.device)
-        self._start_banned = newline_banned_mask(gen.tokenizer, vocab, line_start=True).to(gen.device)
+        self._masks = TokenMasks(*(m.to(gen.device) for m in token_masks(gen.tokenizer, vocab)))
         self._line_end = line_end_ids(gen.tokenizer)
         self._eos = eos_ids(gen.tokenizer, getattr(gen.model, "generation_config", None))
         self._rows = [_Row(list(p), self._row_generator(i)) for i, p in enumerate(prompts)]
@@ -331,8 +330,7 @@ class HFSession:
             chosen: list[float] = []
             if plan.sample_slots:
                 slots = torch.tensor(plan.sample_slots, device=logits.device)
-                starts = torch.tensor(plan.line_starts, device=logits.device)[:, None]        # [S, 1]
-                banned = torch.where(starts, self._start_banned, self._banned)                # [S, V]
+                banned = self._masks.at(torch.tensor(plan.line_starts, device=logits.device))  # [S, V]
                 logprobs = sampling_logprobs(logits[slots], self.sampling, banned)            # [S, V]
                 sampled = sample(logprobs, plan.generators)                            # [S]
                 tokens = sampled.tolist()
