@@ -2,16 +2,19 @@
 
 1. Wall time of REPL rollouts (generation + execution + splicing, real sandboxed kernels) vs transformers' own
    ``model.generate`` producing the same number of new tokens per row at the same batch size, from the same
-   prompts: the lower bound a user would otherwise get.
+   prompts: the lower bound a user would otherwise get. Every episode writes lines until it has sampled
+   ``--tokens`` tokens (EOS and submit do not end it; its last line may run over by up to one line), and
+   ``model.generate`` samples the mean of those counts per row.
 2. The cost of generating line 40 vs line 1 of an episode: with the KV cache kept across lines it should barely
    grow (without it, every line would re-read the whole context). Cost = seconds waited for the line per token
-   sampled, median over rows. The episode first writes one extra line (line 0) whose wait includes the prompt's
-   prefill, so line 1 is timed like every later line.
+   sampled, median over the rows that reach line 40. Line 0's wait includes the prompt's prefill, so line 1 is
+   timed like every later line. For reference, a bare decode step (no REPL) at the two context lengths: what
+   attention over a longer context costs this model on this machine, whatever the sampler does.
 
-Episodes run a fixed number of lines here (EOS and submit do not end them) so both sides generate the same
-number of tokens per row. Prints a table, then one JSON line.
+Prints a table, then one JSON line. ``--all-tokens`` also times ``model.generate`` of model + interpreter tokens
+(slow on a CPU).
 
-    python bench/repl_tax.py [--model smollm2-135m-instruct] [--batch 8] [--lines 40]
+    python bench/repl_tax.py [--model smollm2-135m-instruct] [--batch 8] [--tokens 600] [--line 40]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 
 import torch
 
-from replrl.backends.hf import HFGenerator
+from replrl.backends.hf import HFGenerator, _Batch
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
 from replrl.rollout import build_prompt, code_of, encode, env_token_ids
@@ -36,41 +39,61 @@ HEADER = ("Solve the problem using the Python REPL below. Compute with Python st
           "Problem: A shop sells 17 boxes of 24 pencils and 9 boxes of 36 pens. How many items in total?")
 
 
-async def repl_rollouts(gen: HFGenerator, prompts: list[list[int]], lines: int, line_tokens: int,
-                        sampling: SamplingParams) -> tuple[float, int, list[list[tuple[int, float]]]]:
-    """B episodes of exactly ``lines`` lines each; returns wall time, model tokens, and per row per line
-    (tokens sampled, seconds waited for the line)."""
+async def repl_rollouts(gen: HFGenerator, prompts: list[list[int]], tokens: int, sampling: SamplingParams) -> dict:
+    """B episodes, each writing lines until it has sampled ``tokens`` tokens (the last line may run over).
+    Returns wall time, token counts, the session's counters, seconds spent executing lines, and per row per line
+    (tokens sampled, seconds waited for the line, context length)."""
     tok = gen.tokenizer
     session = gen.session(prompts, sampling)
     session._eos = frozenset()  # bench only: EOS does not end a row, so every row runs the full number of lines
-    per_line: list[list[tuple[int, float]]] = [[] for _ in prompts]
+    per_line: list[list[tuple[int, float, int]]] = [[] for _ in prompts]
+    totals = {"model": 0, "env": 0, "execute_s": 0.0}
     async with KernelPool(size=len(prompts), limits=Limits(wall_s=2.0), tools=["submit"]) as pool:
         t0 = time.perf_counter()
 
-        env_total = 0
-
-        async def episode(i: int) -> int:
-            nonlocal env_total
-            n = 0
-            env: list[int] = []
+        async def episode(i: int) -> None:
+            context, env, sampled = len(prompts[i]), [], 0
             async with pool.acquire() as kernel:
                 repl = ReplSession(kernel, banner="")
-                for _ in range(lines):
+                while sampled < tokens:
                     t = time.perf_counter()
                     line = await session.next_line(i, env)
-                    per_line[i].append((len(line.token_ids), time.perf_counter() - t))
-                    n += len(line.token_ids)
+                    context += len(env)
+                    per_line[i].append((len(line.token_ids), time.perf_counter() - t, context))
+                    context += len(line.token_ids)
+                    sampled += len(line.token_ids)
                     text = tok.decode(line.token_ids)
+                    t = time.perf_counter()
                     step = await repl.feed(code_of(text[:-1] if text.endswith("\n") else text.replace("\n", " ")))
+                    totals["execute_s"] += time.perf_counter() - t
                     env = env_token_ids(tok, step.output, step.next_prompt, 64)
-                    env_total += len(env)
+                    totals["model"] += len(line.token_ids)
+                    totals["env"] += len(env)
             session.finish(i)
-            return n
 
-        counts = await asyncio.gather(*(episode(i) for i in range(len(prompts))))
+        await asyncio.gather(*(episode(i) for i in range(len(prompts))))
         wall = time.perf_counter() - t0
     await session.aclose()
-    return wall, sum(counts), env_total, dict(session.stats), per_line
+    return {"wall": wall, **totals, "stats": dict(session.stats), "per_line": per_line}
+
+
+def decode_step_ms(model, rows: int, context: int, steps: int = 6) -> float:
+    """Median ms of one packed decode step (every row feeds one token) over caches of ``context`` tokens (random
+    keys/values: the cost does not depend on them). No REPL, no planning: the model's own cost at that length."""
+    cfg = model.config.get_text_config()
+    kv_heads = cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    batch = _Batch(model, rows, torch.device("cpu"))
+    batch.cache.buffers = [torch.randn(2, rows, kv_heads, context + steps + 1, head_dim)
+                           for _ in range(cfg.num_hidden_layers)]
+    batch.cache.lengths = [context] * rows
+    times = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            t = time.perf_counter()
+            batch.forward({r: [1] for r in range(rows)}, list(range(rows)))
+            times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
 
 
 def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int) -> float:
@@ -93,8 +116,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lines", type=int, default=40)
+    ap.add_argument("--tokens", type=int, default=600, help="model tokens each episode samples")
+    ap.add_argument("--line", type=int, default=40, help="the line compared with line 1")
     ap.add_argument("--line-tokens", type=int, default=24)
+    ap.add_argument("--all-tokens", action="store_true", help="also time model.generate of all tokens")
     args = ap.parse_args()
     if GEN_THREADS:
         torch.set_num_threads(GEN_THREADS)  # both sides get the same thread count
@@ -102,40 +127,55 @@ def main() -> None:
     model.eval()
     prompt = encode(tokenizer, build_prompt(tokenizer, HEADER))
     prompts = [prompt] * args.batch
-    sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=args.lines, max_total_tokens=10**6,
-                              seed=0)
+    sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
     gen = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
-    wall, model_tokens, env_tokens, stats, per_line = asyncio.run(
-        repl_rollouts(gen, prompts, args.lines + 1, args.line_tokens, sampling))
-    per_row, env_row = model_tokens / args.batch, env_tokens / args.batch
+    run = asyncio.run(repl_rollouts(gen, prompts, args.tokens, sampling))
+    wall, stats, per_line = run["wall"], run["stats"], run["per_line"]
+    per_row, env_row = run["model"] / args.batch, run["env"] / args.batch
     plain = plain_generate(model, tokenizer, prompts, round(per_row))
-    plain_all = plain_generate(model, tokenizer, prompts, round(per_row + env_row))
+    plain_all = plain_generate(model, tokenizer, prompts, round(per_row + env_row)) if args.all_tokens else None
     ratio = wall / plain
 
-    def cost(k: int) -> float:  # seconds per sampled token for line k (line 0 absorbed the prompt prefill)
-        return statistics.median(t / max(n, 1) for row in per_line for j, (n, t) in enumerate(row) if j == k)
-
-    first, last = cost(1), cost(args.lines)
-    print(f"batch {args.batch}, {args.lines + 1} lines per episode, {per_row:.0f} model tokens per row")
+    k = args.line
+    reach = [row for row in per_line if len(row) > k]
+    if not reach:
+        raise SystemExit(f"no episode reached line {k}: raise --tokens")
+    first = statistics.median(row[1][1] / max(row[1][0], 1) for row in reach)   # seconds per sampled token
+    last = statistics.median(row[k][1] / max(row[k][0], 1) for row in reach)
+    ctx_first = round(statistics.median(row[1][2] for row in reach))
+    ctx_last = round(statistics.median(row[k][2] for row in reach))
+    floor_first = decode_step_ms(model, args.batch, ctx_first)
+    floor_last = decode_step_ms(model, args.batch, ctx_last)
+    steps, fed = stats["steps"], stats["fed_tokens"]
+    lines = statistics.mean(len(row) for row in per_line)
+    print(f"batch {args.batch}, {per_row:.0f} model tokens per row in {lines:.0f} lines on average")
     print(f"{'REPL rollouts (generate + execute + splice)':46s} {wall:8.2f} s")
     print(f"{'model.generate, same new tokens per row':46s} {plain:8.2f} s")
     print(f"{'ratio (target <= 1.15)':46s} {ratio:8.2f}x")
     print(f"interpreter tokens per row {env_row:.0f} (spliced, {env_row / per_row:.1f} per model token); "
-          f"{stats['steps']:.0f} steps, {stats['columns'] / max(stats['fed_tokens'], 1):.2f} columns per fed token")
-    print(f"{'model.generate of model + interpreter tokens':46s} {plain_all:8.2f} s")
-    print(f"{'ratio to that (the sampler overhead alone)':46s} {wall / plain_all:8.2f}x")
-    print(f"{'line 1 cost per token':46s} {1000 * first:8.1f} ms")
-    print(f"{f'line {args.lines} cost per token':46s} {1000 * last:8.1f} ms")
-    print(f"{'ratio (target <= 1.5)':46s} {last / first:8.2f}x")
-    print(json.dumps({"batch": args.batch, "lines": args.lines, "model_tokens_per_row": round(per_row, 1),
-                      "repl_rollout_s": round(wall, 3), "plain_generate_s": round(plain, 3),
-                      "repl_vs_plain_generation_ratio": round(ratio, 3),
-                      "env_tokens_per_row": round(env_row, 1), "plain_generate_all_tokens_s": round(plain_all, 3),
-                      "repl_vs_plain_same_total_tokens_ratio": round(wall / plain_all, 3),
-                      "steps": stats["steps"], "columns_per_fed_token": round(stats["columns"] / max(
-                          stats["fed_tokens"], 1), 3),
-                      "line1_ms_per_token": round(1000 * first, 2), "line40_ms_per_token": round(1000 * last, 2),
-                      "line40_vs_line1_cost_ratio": round(last / first, 3)}))
+          f"{steps} packed steps ({fed / steps:.1f} tokens each), {stats['forward_s']:.1f} s in forward, "
+          f"{stats['join_wait_s']:.1f} s waiting for rows to rejoin, {run['execute_s'] / args.batch:.1f} s "
+          f"executing per row")
+    if plain_all is not None:
+        print(f"{'model.generate of model + interpreter tokens':46s} {plain_all:8.2f} s")
+        print(f"{'ratio to that':46s} {wall / plain_all:8.2f}x")
+    print(f"{f'line 1 cost per token (context {ctx_first})':46s} {1000 * first:8.1f} ms")
+    print(f"{f'line {k} cost per token (context {ctx_last})':46s} {1000 * last:8.1f} ms")
+    print(f"{'ratio (target <= 1.5)':46s} {last / first:8.2f}x   ({len(reach)} of {args.batch} rows reach line {k})")
+    print(f"{'bare decode step at those contexts (no REPL)':46s} {floor_first:6.1f} -> {floor_last:6.1f} ms, "
+          f"{floor_last / floor_first:.2f}x: attention over the longer context alone")
+    figures = {"batch": args.batch, "model_tokens_per_row": round(per_row, 1), "repl_rollout_s": round(wall, 3),
+               "plain_generate_s": round(plain, 3), "repl_vs_plain_generation_ratio": round(ratio, 3),
+               "env_tokens_per_row": round(env_row, 1), "steps": steps, "tokens_per_step": round(fed / steps, 2),
+               "join_wait_s": round(stats["join_wait_s"], 3), "line": k, "rows_reaching_line": len(reach),
+               "line1_context": ctx_first, "line40_context": ctx_last,
+               "line1_ms_per_token": round(1000 * first, 2), "line40_ms_per_token": round(1000 * last, 2),
+               "line40_vs_line1_cost_ratio": round(last / first, 3),
+               "bare_decode_step_line40_vs_line1_ratio": round(floor_last / floor_first, 3)}
+    if plain_all is not None:
+        figures["plain_generate_all_tokens_s"] = round(plain_all, 3)
+        figures["repl_vs_plain_same_total_tokens_ratio"] = round(wall / plain_all, 3)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

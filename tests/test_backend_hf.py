@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from replrl.backends.base import Generator, GenSession
-from replrl.backends.hf import HFGenerator, choose_width
+from replrl.backends.hf import HFGenerator
 from replrl.backends.sampling import (
     TokenMasks,
     eos_ids,
@@ -132,16 +132,6 @@ def test_sampling_logprobs_small():
     assert batch[0, 0, 3] == 3.0
 
 
-def test_choose_width_trades_holes_against_step_overhead():
-    # 15 rows decode one token, one row has 40 output tokens to prefill: one column each (no holes)
-    assert choose_width([1] * 15 + [40], cap=4, overhead=16) == 1
-    # every row has output to prefill: the widest step the cap allows
-    assert choose_width([30] * 16, cap=4, overhead=16) == 4
-    # two rows left, one prefilling: a wide step is cheap next to a forward's fixed cost
-    assert choose_width([1, 40], cap=32, overhead=16) == 32
-    assert choose_width([3], cap=64, overhead=16) == 3                        # never wider than anything fed
-
-
 def test_line_rule_token_sets(tok):
     banned = newline_banned_mask(tok)
     assert banned.shape == (len(tok),) and banned.dtype == torch.bool
@@ -168,14 +158,14 @@ def test_line_rule_token_sets(tok):
 TOKEN_EXACT_CASES = {
     "plain": (SamplingParams(seed=1, max_line_tokens=12), {}, "sdpa"),
     "truncated": (SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=2, max_line_tokens=12), {}, "sdpa"),
-    "compaction": (
+    "chunked": (
         SamplingParams(temperature=1.3, seed=3, max_line_tokens=12),
-        dict(max_step_tokens=8, compact_hole_factor=1.0, compact_min_holes=1, compact_finished_frac=0.2),
+        dict(max_step_tokens=8, max_prefill_tokens=8),
         "sdpa",
     ),
-    "eager+compaction": (
+    "eager+chunked": (
         SamplingParams(temperature=0.8, top_k=100, seed=4, max_line_tokens=12),
-        dict(max_step_tokens=8, compact_hole_factor=1.0, compact_min_holes=1, compact_finished_frac=0.2),
+        dict(max_step_tokens=8, max_prefill_tokens=8, join_wait_max_s=0.0),
         "eager",
     ),
 }
@@ -203,8 +193,9 @@ def test_token_exact(tok, case):
         assert len(ep.logprobs) == len(ep.sampled_at) > 0
         recomputed = recomputed_logprobs(model, ep, params, banned)
         assert torch.allclose(torch.tensor(recomputed), torch.tensor(ep.logprobs), atol=1e-4), case
+    assert session.stats["rows_freed"] > 0                                   # rows that finished early gave back memory
     if gen_kwargs:
-        assert session.stats["column_compactions"] > 0 and session.stats["row_drops"] > 0
+        assert session.stats["max_step_tokens"] == 8 < sum(len(p) for p in prompts)  # prompts chunked too
 
 
 def test_newline_inside_token_never_sampled(tok):
@@ -311,11 +302,11 @@ def test_step_count_vs_tokens(tok):
     assert [len(ep.lines[0].token_ids) for ep in episodes] == [6] * 4
     stats = session.stats
     assert stats["steps"] == 6 and stats["sampled_tokens"] == 24
-    assert stats["fed_tokens"] == 4 * 5 + 4 * 5 and stats["columns"] == stats["fed_tokens"]  # no holes
+    assert stats["fed_tokens"] == 4 * 5 + 4 * 5 and stats["max_step_tokens"] == 4 * 5  # the prompts, packed
 
 
 def test_long_environment_output_is_chunked(tok):
-    """A 40-token interpreter output is prefilled in chunks of B*w <= max_step_tokens, exactly."""
+    """A 40-token interpreter output is prefilled in chunks of at most max_step_tokens, exactly."""
     model = biased_tiny(tok, {"\n": 9.0})
     gen = HFGenerator(model, tok, device="cpu", max_step_tokens=8)
     params = SamplingParams(seed=0, max_line_tokens=6)
@@ -328,7 +319,7 @@ def test_long_environment_output_is_chunked(tok):
     for ep in episodes:
         assert torch.allclose(torch.tensor(recomputed_logprobs(model, ep, params, banned)), torch.tensor(ep.logprobs),
                               atol=1e-4)
-    assert session.stats["columns"] <= 8 * session.stats["steps"]
+    assert session.stats["max_step_tokens"] == 8  # chunked
 
 
 def test_session_errors_and_close(tok):

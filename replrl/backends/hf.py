@@ -1,145 +1,68 @@
-"""Generation with transformers: one shared KV cache for all rows of a session, one line at a time.
+"""Generation with transformers: each row's KV cache is kept across lines; each step is one packed forward.
 
-Every forward step appends the same number of columns ``w`` to every row of the cache [B, heads, T, dim]. A row
-feeds up to ``w`` of its pending tokens (its last sampled token, or environment tokens being prefilled),
-right-aligned in the step; the columns it does not use are "holes": a pad token that no later query attends to.
-Each row keeps its own positions (``position_ids`` skip holes) and the set of its valid cache columns, from which
-an explicit 4-D attention mask is built every step, so holes are invisible: the logits equal those of one plain
-forward pass over the row's tokens. Rows whose pending tokens run out in a step sample their next token from
-the step's last column. Finished rows and accumulated holes are compacted away from time to time.
+A step feeds each row's pending tokens (its last sampled token, the interpreter output being prefilled, or its
+prompt) back to back as one sequence [1, N] with each row's own positions, so the step costs what its N real
+tokens cost: no padding to a common width, no holes in the cache (see ``replrl.backends.attention``). A row
+prefilling a 40-token traceback rides along in the same step as the rows decoding one token each, instead of
+taking steps of its own or making every row pay for 40 columns (``bench/packed_step.py`` measures both). The
+logits equal those of one plain forward pass over each row's tokens.
 
 Threading: all row bookkeeping lives on the event loop thread; tensors (cache, forward, sampling) live on one
 worker thread. The loop thread plans a step (which tokens each row feeds, who samples), the worker runs it, the
-loop thread applies the sampled tokens and resolves the finished lines' futures.
+loop thread applies the sampled tokens and resolves the finished lines' futures. A row whose line just ended is
+executing it; the next step waits a moment for it (at most ``join_wait_frac`` of the last step's time, and
+``join_wait_max_s``) so it rejoins at once instead of a step later, without lockstep waiting on slow lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from replrl.backends.attention import grouped_attention
+from replrl.backends.attention import PackedKV, Segment, packed_attention
 from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, sample, sampling_logprobs, token_masks
 from replrl.types import LineSample, SamplingParams
 
 
-class _GrowingLayer(DynamicLayer):
-    """A DynamicLayer that appends into spare capacity instead of ``torch.cat`` (which copies the whole layer's
-    cache at every step); keys/values are views [B, heads, T, dim] of buffers [B, heads, capacity, dim]."""
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self._set(key_states[:, :, :0], value_states[:, :, :0])
-        self.is_initialized = True
-
-    def _set(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self._kbuf, self._vbuf, self._len = keys, values, keys.shape[-2]
-        self.keys, self.values = keys, values
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        t, n = self._len, key_states.shape[-2]
-        if t + n > self._kbuf.shape[-2]:
-            b, h, _, d = key_states.shape
-            capacity = max(2 * (t + n), 64)
-            kbuf = key_states.new_empty(b, h, capacity, d)
-            vbuf = value_states.new_empty(b, value_states.shape[1], capacity, value_states.shape[-1])
-            kbuf[:, :, :t], vbuf[:, :, :t] = self._kbuf[:, :, :t], self._vbuf[:, :, :t]
-            self._kbuf, self._vbuf = kbuf, vbuf
-        self._kbuf[:, :, t : t + n] = key_states
-        self._vbuf[:, :, t : t + n] = value_states
-        self._len = t + n
-        self.keys, self.values = self._kbuf[:, :, : t + n], self._vbuf[:, :, : t + n]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self._len if self.is_initialized else 0
-
-    def reset(self) -> None:
-        super().reset()
-        self._kbuf = self._vbuf = None
-        self._len = 0
-
-    def select_rows(self, slots: torch.Tensor) -> None:
-        """Keep only the rows ``slots`` (LongTensor [B'])."""
-        if self.is_initialized:
-            self._set(self.keys.index_select(0, slots), self.values.index_select(0, slots))
-
-    def gather_columns(self, columns: torch.Tensor) -> None:
-        """Row b's new column j is its old column ``columns[b, j]`` (LongTensor [B, T'])."""
-        if self.is_initialized:
-            b, h, _, d = self.keys.shape
-            index = columns[:, None, :, None]                                 # [B, 1, T', 1]
-            self._set(
-                self.keys.gather(2, index.expand(b, h, -1, d)),
-                self.values.gather(2, index.expand(b, self.values.shape[1], -1, self.values.shape[-1])),
-            )
-
-
 class _Batch:
-    """Worker-thread tensor state of a session: the shared cache, each row's valid columns and next position."""
+    """Worker-thread tensor state of a session: the per-row caches."""
 
-    def __init__(self, model: Any, n_rows: int, pad_id: int, device: torch.device):
-        self.model, self.pad_id, self.device = model, pad_id, device
-        self.cache = DynamicCache()
-        self.cache.layer_class_to_replicate = _GrowingLayer
-        self.valid = torch.zeros(n_rows, 0, dtype=torch.bool, device=device)  # [B, T] column holds a real token
-        self.pos = torch.zeros(n_rows, dtype=torch.long, device=device)       # [B] next position of each row
-        self.min_value = torch.finfo(model.dtype).min
+    def __init__(self, model: Any, n_rows: int, device: torch.device):
+        self.model, self.device = model, device
+        cfg = model.config.get_text_config()
+        self.cache = PackedKV(n_rows, device, model.dtype, cfg.num_attention_heads, cfg.num_key_value_heads)
 
-    def select_rows(self, slots: list[int]) -> None:
-        index = torch.tensor(slots, dtype=torch.long, device=self.device)
-        for layer in self.cache.layers:
-            layer.select_rows(index)
-        self.valid, self.pos = self.valid[index], self.pos[index]
+    def free(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.cache.free(slot)
 
-    def compact_columns(self) -> None:
-        """Move each row's valid columns to the right end (in order), holes to the left; T becomes the longest row."""
-        n_valid = self.valid.sum(1)                                            # [B]
-        width = int(n_valid.max()) if len(n_valid) else 0
-        rows, cols = self.valid.nonzero(as_tuple=True)
-        rank = self.valid.cumsum(1)[rows, cols] - 1                           # index among the row's valid columns
-        columns = torch.zeros(len(n_valid), width, dtype=torch.long, device=self.device)
-        columns[rows, width - n_valid[rows] + rank] = cols                     # holes copy column 0, never read
-        for layer in self.cache.layers:
-            layer.gather_columns(columns)
-        self.valid = torch.arange(width, device=self.device)[None, :] >= (width - n_valid)[:, None]
-
-    def forward(self, feed: list[list[int]], width: int) -> torch.Tensor:
-        """Append ``width`` columns: row b's tokens ``feed[b]`` right-aligned, holes before. Returns the logits of
-        the last column [B, V] (the next-token logits of every row that fed at least one token)."""
-        b, t, w = len(feed), self.valid.shape[1], width
-        n = torch.tensor([len(f) for f in feed], device=self.device)          # [B] real tokens this step
-        ids = torch.tensor([[self.pad_id] * (w - len(f)) + f for f in feed], device=self.device)  # [B, w]
-        col = torch.arange(w, device=self.device)
-        first = (w - n)[:, None]                                               # [B, 1] first real column
-        new_valid = col[None, :] >= first                                      # [B, w]
-        position_ids = self.pos[:, None] + (col[None, :] - first).clamp(min=0)  # [B, w] holes: any position
-        causal = col[None, :] <= col[:, None]                                  # [w(query), w(key)]
-        chunk = (causal[None] & new_valid[:, None, :]) | torch.eye(w, dtype=torch.bool, device=self.device)
-        allowed = torch.cat([self.valid[:, None, :].expand(b, w, t), chunk], dim=-1)  # [B, w, T+w]
-        attention_mask = torch.zeros(b, 1, w, t + w, dtype=self.model.dtype, device=self.device)
-        attention_mask.masked_fill_(~allowed[:, None], self.min_value)       # [B, 1, w, T+w] additive
-        with grouped_attention(self.model):
+    def forward(self, feed: dict[int, list[int]], keep: list[int]) -> torch.Tensor:
+        """Feed row ``slot`` the tokens ``feed[slot]`` (rows in order); returns the next-token logits [K, V] of the
+        rows ``keep`` (each fed at least one token), in that order."""
+        segments, ids, positions, last = [], [], [], {}
+        for slot, tokens in feed.items():
+            cached = self.cache.lengths[slot]
+            segments.append(Segment(slot, len(ids), len(tokens), cached))
+            ids += tokens
+            positions += range(cached, cached + len(tokens))
+            last[slot] = len(ids) - 1
+        self.cache.plan(segments)
+        with packed_attention(self.model, self.cache):
             out = self.model(
-                input_ids=ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([positions], device=self.device),
                 past_key_values=self.cache,
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=torch.tensor([last[s] for s in keep], dtype=torch.long, device=self.device),
             )
-        self.valid = torch.cat([self.valid, new_valid], dim=1)
-        self.pos += n
-        return out.logits[:, -1]
+        self.cache.commit()
+        return out.logits[0]
 
 
 @dataclass
@@ -149,28 +72,25 @@ class _Row:
     pending: list[int]
     """Tokens not yet in the cache, fed in order."""
     generator: torch.Generator
-    n_valid: int = 0
-    """Tokens of this row in the cache."""
     future: asyncio.Future | None = None
     """The caller's pending next_line request."""
     line_ids: list[int] = field(default_factory=list)
     line_logprobs: list[float] = field(default_factory=list)
     finished: bool = False
+    freed: bool = False
+    """Its cache has been released (worker thread)."""
 
 
 @dataclass
 class _StepPlan:
-    keep_slots: list[int] | None
-    """Drop finished rows first: the slots to keep, in order (None: keep all)."""
-    compact_columns: bool
-    width: int
-    feed: list[list[int]]
-    """Per slot (after dropping), the tokens fed this step."""
-    sample_slots: list[int]
+    free_slots: list[int]
+    """Finished rows whose caches are released first."""
+    feed: dict[int, list[int]]
+    """Per row (in order) with tokens this step: the tokens fed."""
     sample_rows: list[int]
     generators: list[torch.Generator]
     line_starts: list[bool]
-    """Per sampling slot: the token sampled is the first of its line (prompt healing's mask applies)."""
+    """Per sampling row: the token sampled is the first of its line (prompt healing's mask applies)."""
 
 
 class HFSession:
@@ -185,17 +105,17 @@ class HFSession:
         self._line_end = line_end_ids(gen.tokenizer)
         self._eos = eos_ids(gen.tokenizer, getattr(gen.model, "generation_config", None))
         self._rows = [_Row(list(p), self._row_generator(i)) for i, p in enumerate(prompts)]
-        self._slots = list(range(len(prompts)))  # slot -> row index
-        self._width = 0  # T, columns in the cache
-        self._batch = _Batch(gen.model, len(prompts), gen.pad_id, gen.device)
+        self._batch = _Batch(gen.model, len(prompts), gen.device)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
         self._error: BaseException | None = None
-        self.stats = {"steps": 0, "columns": 0, "fed_tokens": 0, "sampled_tokens": 0, "row_drops": 0,
-                      "column_compactions": 0, "worker_s": 0.0, "forward_s": 0.0, "loop_s": 0.0}
-        """Counters: forward steps, cache columns appended (B*w summed), real tokens fed, tokens sampled,
-        compactions, seconds in the worker step / in model.forward / planning and applying on the loop thread."""
+        self._last_step_s = 0.0
+        self.stats = {"steps": 0, "fed_tokens": 0, "max_step_tokens": 0, "sampled_tokens": 0, "rows_freed": 0,
+                      "worker_s": 0.0, "forward_s": 0.0, "loop_s": 0.0, "join_wait_s": 0.0}
+        """Counters: forward steps, real tokens fed (all of them, no padding exists), the most fed in one step,
+        tokens sampled, caches released, seconds in the worker step / in model.forward / planning and applying on
+        the loop thread / waiting for rows to come back from executing their line."""
 
     def _row_generator(self, i: int) -> torch.Generator:
         g = torch.Generator(device=self._gen.device)
@@ -232,6 +152,8 @@ class HFSession:
         if row.future is not None and not row.future.done():
             row.future.cancel()
         row.future = None
+        if self._wake is not None:
+            self._wake.set()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -248,6 +170,7 @@ class HFSession:
     async def _engine(self) -> None:
         loop = asyncio.get_running_loop()
         try:
+            await self._join(range(len(self._rows)), self._gen.join_wait_max_s)  # the first step: every row's prompt
             while not self._closed:
                 t0 = time.perf_counter()
                 plan = self._plan()
@@ -258,9 +181,9 @@ class HFSession:
                     continue
                 tokens, logprobs = await loop.run_in_executor(self._gen.executor, self._run_step, plan)
                 t0 = time.perf_counter()
-                self._apply(plan, tokens, logprobs)
+                returning = self._apply(plan, tokens, logprobs)
                 self.stats["loop_s"] += time.perf_counter() - t0
-                await asyncio.sleep(0)  # callers that answer at once (e.g. a "... " prompt) join the next step
+                await self._join(returning)
         except BaseException as e:  # a failed forward fails every waiting request, never silently
             self._error = e
             for row in self._rows:
@@ -268,6 +191,24 @@ class HFSession:
                     row.future.set_exception(RuntimeError(f"generation failed: {e!r}"))
             if not isinstance(e, Exception):
                 raise
+
+    async def _join(self, returning: Iterable[int], budget: float | None = None) -> None:
+        """Let the rows whose line just ended (now executing it) rejoin the next step, if they are quick."""
+        await asyncio.sleep(0)  # callers that answer at once (e.g. a "... " prompt) join the next step
+        if budget is None:
+            budget = min(self._gen.join_wait_max_s, self._gen.join_wait_frac * self._last_step_s)
+        t0 = time.perf_counter()
+        while not self._closed and budget > 0:
+            away = [r for r in returning if self._rows[r].future is None and not self._rows[r].finished]
+            left = budget - (time.perf_counter() - t0)
+            if not away or left <= 0:
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        self.stats["join_wait_s"] += time.perf_counter() - t0
 
     def _feedable(self, row: _Row) -> int:
         # A row with no request holds back its last pending token, so a request always has a token to feed and
@@ -280,73 +221,64 @@ class HFSession:
         for i, row in enumerate(self._rows):
             if row.future is not None and row.future.cancelled():  # the caller gave up on this episode
                 self.finish(i)
-        feedable = [self._feedable(self._rows[r]) for r in self._slots]
+        feedable = [self._feedable(row) for row in self._rows]
         if not any(feedable):
             return None
-        gen = self._gen
-        keep = None
-        n_finished = sum(self._rows[r].finished for r in self._slots)
-        if self._width > 0 and n_finished and n_finished >= gen.compact_finished_frac * len(self._slots):
-            keep = [s for s, r in enumerate(self._slots) if not self._rows[r].finished]
-            self._slots = [self._slots[s] for s in keep]
-            feedable = [feedable[s] for s in keep]
-        longest = max(self._rows[r].n_valid for r in self._slots)
-        compact = self._width - longest >= gen.compact_min_holes and self._width > gen.compact_hole_factor * longest
-        if compact:
-            self._width = longest
-        n_slots = len(self._slots)
-        if self._width == 0:  # the first step prefills the prompts
-            width = min(max(feedable), max(1, gen.max_prefill_tokens // n_slots))
-        else:
-            width = choose_width(feedable, max(1, gen.max_step_tokens // n_slots), gen.step_overhead_tokens)
-        feed, sample_slots, sample_rows, generators, line_starts = [], [], [], [], []
-        for s, r in enumerate(self._slots):
-            row = self._rows[r]
-            n = min(feedable[s], width)
-            feed.append(row.pending[:n])
+        free = [i for i, row in enumerate(self._rows) if row.finished and not row.freed]
+        for i in free:
+            self._rows[i].freed = True
+        first = not any(self._batch.cache.lengths)
+        budget = self._gen.max_prefill_tokens if first else self._gen.max_step_tokens
+        counts = [min(f, 1) for f in feedable]                     # every row with tokens moves this step...
+        spare = max(budget - sum(counts), 0)
+        for i, f in enumerate(feedable):                           # ...and the rest of the budget goes in order
+            extra = min(f - counts[i], spare)
+            counts[i] += extra
+            spare -= extra
+        plan = _StepPlan(free, {}, [], [], [])
+        for i, (row, n) in enumerate(zip(self._rows, counts, strict=True)):
+            if not n:
+                continue
+            plan.feed[i] = row.pending[:n]
             del row.pending[:n]
-            row.n_valid += n
-            if n and row.future is not None and not row.pending:
-                sample_slots.append(s)
-                sample_rows.append(r)
-                generators.append(row.generator)
-                line_starts.append(not row.line_ids)
-        self._width += width
-        return _StepPlan(keep, compact, width, feed, sample_slots, sample_rows, generators, line_starts)
+            if row.future is not None and not row.pending:
+                plan.sample_rows.append(i)
+                plan.generators.append(row.generator)
+                plan.line_starts.append(not row.line_ids)
+        return plan
 
     def _run_step(self, plan: _StepPlan) -> tuple[list[int], list[float]]:
-        """Worker thread: compact, forward, sample."""
+        """Worker thread: free, forward, sample."""
         t0 = time.perf_counter()
         batch = self._batch
         with torch.inference_mode():
-            if plan.keep_slots is not None:
-                batch.select_rows(plan.keep_slots)
-            if plan.compact_columns:
-                batch.compact_columns()
+            batch.free(plan.free_slots)
             t1 = time.perf_counter()
-            logits = batch.forward(plan.feed, plan.width)                      # [B, V]
+            logits = batch.forward(plan.feed, plan.sample_rows)                   # [S, V]
             t2 = time.perf_counter()
             tokens: list[int] = []
             chosen: list[float] = []
-            if plan.sample_slots:
-                slots = torch.tensor(plan.sample_slots, device=logits.device)
+            if plan.sample_rows:
                 banned = self._masks.at(torch.tensor(plan.line_starts, device=logits.device))  # [S, V]
-                logprobs = sampling_logprobs(logits[slots], self.sampling, banned)            # [S, V]
-                sampled = sample(logprobs, plan.generators)                            # [S]
+                logprobs = sampling_logprobs(logits, self.sampling, banned)                   # [S, V]
+                sampled = sample(logprobs, plan.generators)                                    # [S]
                 tokens = sampled.tolist()
                 chosen = logprobs.gather(1, sampled[:, None])[:, 0].tolist()
+        fed = sum(len(f) for f in plan.feed.values())
+        self._last_step_s = time.perf_counter() - t0
         self.stats["forward_s"] += t2 - t1
-        self.stats["worker_s"] += time.perf_counter() - t0
+        self.stats["worker_s"] += self._last_step_s
         self.stats["steps"] += 1
-        self.stats["columns"] += len(plan.feed) * plan.width
-        self.stats["fed_tokens"] += sum(len(f) for f in plan.feed)
-        self.stats["row_drops"] += plan.keep_slots is not None
-        self.stats["column_compactions"] += plan.compact_columns
+        self.stats["fed_tokens"] += fed
+        self.stats["max_step_tokens"] = max(self.stats["max_step_tokens"], fed)
+        self.stats["rows_freed"] += len(plan.free_slots)
         return tokens, chosen
 
-    def _apply(self, plan: _StepPlan, tokens: list[int], logprobs: list[float]) -> None:
+    def _apply(self, plan: _StepPlan, tokens: list[int], logprobs: list[float]) -> list[int]:
+        """Append the sampled tokens; resolve the lines that ended. Returns the rows whose line ended."""
         max_line = self.sampling.max_line_tokens
         self.stats["sampled_tokens"] += len(tokens)
+        ended = []
         for r, tok, lp in zip(plan.sample_rows, tokens, logprobs, strict=True):
             row = self._rows[r]
             if row.finished or row.future is None:
@@ -367,39 +299,19 @@ class HFSession:
                 continue
             row.future.set_result(LineSample(row.line_ids, row.line_logprobs, finish))
             row.future, row.line_ids, row.line_logprobs = None, [], []
-
-
-def choose_width(feedable: list[int], cap: int, overhead: float) -> int:
-    """Columns of the next step: the width w <= cap that feeds the most real tokens per unit of cost.
-
-    Every row gets w columns, so a row with fewer than w tokens to feed pays for holes. A step costs about
-    ``overhead + rows * w`` token-columns (``overhead``: the fixed cost of a forward, in token-columns), and feeds
-    ``sum(min(f, w))`` real tokens. When most rows decode one token while one row prefills a long output, w = 1
-    wins: the prefilling row feeds a token per step alongside the others instead of making every row pay for its
-    chunk; when many rows have output to prefill, wide steps win.
-    """
-    best, best_rate = 1, -1.0
-    w, top = 1, min(max(feedable), cap)
-    while True:
-        rate = sum(min(f, w) for f in feedable) / (overhead + len(feedable) * w)
-        if rate > best_rate:
-            best, best_rate = w, rate
-        if w >= top:
-            return best
-        w = min(2 * w, top)
+            ended.append(r)
+        return ended
 
 
 class HFGenerator:
     """Generator over a transformers causal LM (full-attention decoders: Llama, Qwen2, SmolLM, ...).
 
-    ``max_step_tokens`` bounds B*w of a step after the first (B rows, w columns; w >= 1), ``max_prefill_tokens``
-    the first step's, which prefills the prompts. Finished rows are dropped from the cache once they are
-    ``compact_finished_frac`` of its rows; the cache is re-packed when its width exceeds ``compact_hole_factor``
-    times the longest row (and by at least ``compact_min_holes`` columns). A step's width is chosen by
-    ``choose_width`` with ``step_overhead_tokens``, the fixed cost of a forward in token-columns. ``num_threads``
-    sets torch's intra-op threads of the worker thread only (None: torch's default); on a small CPU shared with
-    busy processes (sandbox kernels), 1 avoids the stalls of a multi-threaded forward whose threads wait on each
-    other.
+    ``max_step_tokens`` bounds the tokens fed in one step after the first (every row with tokens feeds at least
+    one; long interpreter outputs are prefilled in chunks), ``max_prefill_tokens`` the first step's, which prefills
+    the prompts. ``join_wait_frac`` and ``join_wait_max_s`` bound how long a step waits for rows executing their
+    line (see the module docstring; 0 never waits). ``num_threads`` sets torch's intra-op threads of the worker
+    thread only (None: torch's default); on a small CPU shared with busy processes (sandbox kernels), 1 avoids the
+    stalls of a multi-threaded forward whose threads wait on each other.
     """
 
     def __init__(
@@ -407,17 +319,15 @@ class HFGenerator:
         model: Any,
         tokenizer: Any,
         device: str | torch.device | None = None,
-        max_step_tokens: int = 64,
+        max_step_tokens: int = 1024,
         max_prefill_tokens: int = 8192,
-        compact_finished_frac: float = 0.25,
-        compact_hole_factor: float = 2.0,
-        compact_min_holes: int = 32,
         num_threads: int | None = None,
-        step_overhead_tokens: float = 16.0,
+        join_wait_frac: float = 0.25,
+        join_wait_max_s: float = 0.05,
     ):
         layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or [])
         if layer_types - {"full_attention"}:
-            # the explicit 4-D mask would silently replace sliding-window (or linear) attention
+            # packed attention is full causal attention: it would silently replace sliding-window (or linear) layers
             raise ValueError(f"HFGenerator needs a full-attention decoder, not one with {sorted(layer_types)} layers")
         if device is None:
             model_device = next(model.parameters()).device
@@ -427,10 +337,8 @@ class HFGenerator:
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
-        self.max_step_tokens, self.max_prefill_tokens = max_step_tokens, max_prefill_tokens
-        self.compact_finished_frac, self.compact_hole_factor = compact_finished_frac, compact_hole_factor
-        self.compact_min_holes = compact_min_holes
-        self.step_overhead_tokens = step_overhead_tokens
+        self.max_step_tokens, self.max_prefill_tokens = max(1, max_step_tokens), max(1, max_prefill_tokens)
+        self.join_wait_frac, self.join_wait_max_s = join_wait_frac, join_wait_max_s
         self.num_threads = num_threads
         self._executor: ThreadPoolExecutor | None = None
 
