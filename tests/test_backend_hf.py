@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from replrl.backends.base import Generator, GenSession
-from replrl.backends.hf import HFGenerator
+from replrl.backends.hf import HFGenerator, _Batch
 from replrl.backends.sampling import (
     TokenMasks,
     eos_ids,
@@ -193,7 +193,7 @@ def test_token_exact(tok, case):
         assert len(ep.logprobs) == len(ep.sampled_at) > 0
         recomputed = recomputed_logprobs(model, ep, params, banned)
         assert torch.allclose(torch.tensor(recomputed), torch.tensor(ep.logprobs), atol=1e-4), case
-    assert session.stats["rows_freed"] > 0                                   # rows that finished early gave back memory
+    assert session.stats["rows_freed"] > 0  # rows that finished early were released
     if gen_kwargs:
         assert session.stats["max_step_tokens"] == 8 < sum(len(p) for p in prompts)  # prompts chunked too
 
@@ -289,6 +289,30 @@ def test_rows_generate_while_one_row_executes(tok):
 
     assert isinstance(asyncio.run(main())[0], LineSample)
     assert threads and all(name.startswith("replrl-hf") for name in threads)  # forwards run off the event loop
+
+
+def test_packed_step_logits_equal_plain_forward(tok):
+    """Mixed packed steps: rows decoding, a row prefilling, an idle row inside the decoding rows' slot range, rows of
+    different lengths. Each kept row's logits equal a plain forward over that row's tokens."""
+    model = tiny_model(tok, seed=3)
+    batch = _Batch(model, 4, torch.device("cpu"))
+    rows = [ids_of(tok, t) for t in ["a b c", "x = 1 + 2", ">>> print(3)", "def f(x):"]]
+    steps = [
+        {0: rows[0], 1: rows[1], 2: rows[2], 3: rows[3]},                    # the prompts
+        {0: [11], 1: [12, 13, 14, 15, 16], 3: [17]},                          # row 2 idle between decoding rows
+        {2: [18], 3: [19, 20]},
+        {0: [21], 1: [22], 2: [23], 3: [24]},
+    ]
+    seen = [[] for _ in rows]
+    with torch.inference_mode():
+        for feed in steps:
+            keep = sorted(feed)
+            logits = batch.forward(feed, keep)
+            for k, slot in enumerate(keep):
+                seen[slot] += feed[slot]
+                plain = model(torch.tensor([seen[slot]])).logits[0, -1]
+                assert torch.allclose(logits[k], plain, atol=1e-4), (feed, slot)
+    assert batch.cache.lengths == [len(r) for r in seen]
 
 
 def test_step_count_vs_tokens(tok):
