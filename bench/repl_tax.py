@@ -120,15 +120,16 @@ def main() -> None:
     ap.add_argument("--line", type=int, default=40, help="the line compared with line 1")
     ap.add_argument("--line-tokens", type=int, default=24)
     ap.add_argument("--all-tokens", action="store_true", help="also time model.generate of all tokens")
+    ap.add_argument("--threads", type=int, default=GEN_THREADS, help="torch threads, both sides (default: replrl's)")
     args = ap.parse_args()
-    if GEN_THREADS:
-        torch.set_num_threads(GEN_THREADS)  # both sides get the same thread count
+    if args.threads:
+        torch.set_num_threads(args.threads)  # both sides get the same thread count
     model, tokenizer = load_model_and_tokenizer(args.model)
     model.eval()
     prompt = encode(tokenizer, build_prompt(tokenizer, HEADER))
     prompts = [prompt] * args.batch
     sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
-    gen = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
+    gen = HFGenerator(model, tokenizer, num_threads=args.threads)
     run = asyncio.run(repl_rollouts(gen, prompts, args.tokens, sampling))
     wall, stats, per_line = run["wall"], run["stats"], run["per_line"]
     per_row, env_row = run["model"] / args.batch, run["env"] / args.batch
@@ -164,7 +165,8 @@ def main() -> None:
     print(f"{'ratio (target <= 1.5)':46s} {last / first:8.2f}x   ({len(reach)} of {args.batch} rows reach line {k})")
     print(f"{'bare decode step at those contexts (no REPL)':46s} {floor_first:6.1f} -> {floor_last:6.1f} ms, "
           f"{floor_last / floor_first:.2f}x: attention over the longer context alone")
-    figures = {"batch": args.batch, "model_tokens_per_row": round(per_row, 1), "repl_rollout_s": round(wall, 3),
+    figures = {"batch": args.batch, "threads": args.threads, "model_tokens_per_row": round(per_row, 1),
+               "repl_rollout_s": round(wall, 3),
                "plain_generate_s": round(plain, 3), "repl_vs_plain_generation_ratio": round(ratio, 3),
                "env_tokens_per_row": round(env_row, 1), "steps": steps, "tokens_per_step": round(fed / steps, 2),
                "join_wait_s": round(stats["join_wait_s"], 3), "line": k, "rows_reaching_line": len(reach),
