@@ -26,8 +26,9 @@ import statistics
 import time
 
 import torch
+from packed_step import packed_ms  # bench/, next to this script
 
-from replrl.backends.hf import HFGenerator, _Batch
+from replrl.backends.hf import HFGenerator
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
 from replrl.rollout import build_prompt, code_of, encode, env_token_ids
@@ -75,25 +76,6 @@ async def repl_rollouts(gen: HFGenerator, prompts: list[list[int]], tokens: int,
         wall = time.perf_counter() - t0
     await session.aclose()
     return {"wall": wall, **totals, "stats": dict(session.stats), "per_line": per_line}
-
-
-def decode_step_ms(model, rows: int, context: int, steps: int = 6) -> float:
-    """Median ms of one packed decode step (every row feeds one token) over caches of ``context`` tokens (random
-    keys/values: the cost does not depend on them). No REPL, no planning: the model's own cost at that length."""
-    cfg = model.config.get_text_config()
-    kv_heads = cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    batch = _Batch(model, rows, torch.device("cpu"))
-    batch.cache.buffers = [torch.randn(2, rows, kv_heads, context + steps + 1, head_dim)
-                           for _ in range(cfg.num_hidden_layers)]
-    batch.cache.lengths = [context] * rows
-    times = []
-    with torch.inference_mode():
-        for _ in range(steps):
-            t = time.perf_counter()
-            batch.forward({r: [1] for r in range(rows)}, list(range(rows)))
-            times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
 
 
 def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int) -> float:
@@ -145,8 +127,8 @@ def main() -> None:
     last = statistics.median(row[k][1] / max(row[k][0], 1) for row in reach)
     ctx_first = round(statistics.median(row[1][2] for row in reach))
     ctx_last = round(statistics.median(row[k][2] for row in reach))
-    floor_first = decode_step_ms(model, args.batch, ctx_first)
-    floor_last = decode_step_ms(model, args.batch, ctx_last)
+    floor_first = packed_ms(model, args.batch, ctx_first, 0)
+    floor_last = packed_ms(model, args.batch, ctx_last, 0)
     steps, fed = stats["steps"], stats["fed_tokens"]
     lines = statistics.mean(len(row) for row in per_line)
     print(f"batch {args.batch}, {per_row:.0f} model tokens per row in {lines:.0f} lines on average")

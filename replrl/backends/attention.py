@@ -46,9 +46,9 @@ class PackedKV(DynamicCache):
     sets the layout of the step about to run, ``commit()`` counts its tokens as cached once it has run.
     """
 
-    def __init__(self, n_rows: int, device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int):
+    def __init__(self, n_rows: int, device: torch.device):
         super().__init__()
-        self.n_rows, self.device, self._dtype, self._query_groups = n_rows, device, dtype, (heads, kv_heads)
+        self.n_rows, self.device = n_rows, device
         self.lengths = [0] * n_rows
         self.buffers: list[torch.Tensor] = []
         self.segments: list[Segment] = []
@@ -62,13 +62,9 @@ class PackedKV(DynamicCache):
         self._col_of = torch.cat([torch.arange(s.cached, s.cached + s.count, device=dev) for s in segments])  # [N]
         decode = [s for s in segments if s.count == 1]
         self.prefills = [s for s in segments if s.count > 1]
-        self.prefill_masks = []  # per prefill: [g*n, n] additive causal mask over its own new tokens
-        if self.prefills:
-            heads, kv_heads = self._query_groups
-            for s in self.prefills:
-                causal = torch.ones(s.count, s.count, dtype=torch.bool, device=dev).triu(1)
-                mask = torch.zeros(s.count, s.count, dtype=self._dtype, device=dev).masked_fill(causal, float("-inf"))
-                self.prefill_masks.append(mask.repeat(heads // kv_heads, 1))
+        self.prefill_masks = [  # per prefill: [n, n], True where a new token would see a later one
+            torch.ones(s.count, s.count, dtype=torch.bool, device=dev).triu(1) for s in self.prefills
+        ]
         self.decode = None
         if decode:  # one batched attention over the slot range spanning the decoding rows
             lo, hi = decode[0].slot, decode[-1].slot + 1
@@ -141,7 +137,7 @@ def packed_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor
         n, end = seg.count, seg.cached + seg.count
         q = query[0, :, seg.start : seg.start + n].reshape(kv_heads, g * n, D)
         scores = torch.matmul(q, buf[0, seg.slot, :, :end].transpose(-1, -2)) * scale  # [KV, g*n, end]
-        scores[:, :, seg.cached :] += causal                                  # the new tokens see only earlier ones
+        scores.view(kv_heads, g, n, end)[..., seg.cached :].masked_fill_(causal, float("-inf"))  # no peeking ahead
         probs = scores.softmax(-1, dtype=torch.float32).to(query.dtype)
         o = torch.matmul(probs, buf[1, seg.slot, :, :end])                    # [KV, g*n, D]
         out[seg.start : seg.start + n] = o.view(H, n, D).transpose(0, 1)
@@ -169,7 +165,7 @@ def packed_attention(model: Any, cache: PackedKV) -> Iterator[None]:
     """Run ``model``'s forward calls inside the block with packed attention over ``cache``."""
     config = model.config
     if not _register():
-        raise RuntimeError("the transformers backend needs transformers' AttentionInterface (transformers >= 4.48)")
+        raise RuntimeError("the transformers backend needs transformers' AttentionInterface (transformers >= 4.50)")
     previous = config._attn_implementation
     config._attn_implementation = NAME
     _active.cache = cache

@@ -35,8 +35,7 @@ class _Batch:
 
     def __init__(self, model: Any, n_rows: int, device: torch.device):
         self.model, self.device = model, device
-        cfg = model.config.get_text_config()
-        self.cache = PackedKV(n_rows, device, model.dtype, cfg.num_attention_heads, cfg.num_key_value_heads)
+        self.cache = PackedKV(n_rows, device)
 
     def free(self, slots: list[int]) -> None:
         for slot in slots:
