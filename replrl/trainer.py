@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,8 +180,9 @@ class Trainer:
         return self._banned
 
     # -- the loop --------------------------------------------------------------------------------------------
-    def train(self) -> Path:
-        """Train until run.max_steps (or Ctrl-C: the step in flight finishes, a checkpoint is saved, exit 0)."""
+    def train(self, on_step: Callable[[StepResult], Any] | None = None) -> Path:
+        """Train until run.max_steps (or Ctrl-C: the step in flight finishes, a checkpoint is saved, exit 0).
+        ``on_step(result)`` runs after each step (and its checkpoint and evaluation): a notebook's live curve."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -202,6 +204,8 @@ class Trainer:
                     self.save()
                 if cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
                     self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evaluate(pool).items()})
+                if on_step is not None:
+                    on_step(result)
                 if time.monotonic() > deadline:
                     log.info("run.time_budget_min (%g min) spent after step %d", cfg.run.time_budget_min, self.step)
                     break
