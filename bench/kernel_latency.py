@@ -21,6 +21,7 @@ import time
 
 from jupyter_client.manager import AsyncKernelManager
 
+from replrl.cli import run_script
 from sandbox import Kernel, KernelPool, Limits
 
 LINE = "x = 1 + 1"
@@ -192,4 +193,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(run_script(lambda: asyncio.run(main())))

@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
 from transformers import DynamicCache
 
 from replrl.backends.hf import _Batch
+from replrl.cli import run_script
 from replrl.models import load_model_and_tokenizer
 
 
@@ -94,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -23,12 +23,14 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 
 import torch
 from packed_step import packed_ms  # bench/, next to this script
 
 from replrl.backends.hf import HFGenerator
+from replrl.cli import run_script
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
 from replrl.rollout import build_prompt, code_of, encode, env_token_ids
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--all-tokens", action="store_true", help="also time model.generate of all tokens")
     ap.add_argument("--threads", type=int, default=GEN_THREADS, help="torch threads, both sides (default: replrl's)")
     args = ap.parse_args()
+    Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     if args.threads:
         torch.set_num_threads(args.threads)  # both sides get the same thread count
     model, tokenizer = load_model_and_tokenizer(args.model)
@@ -163,4 +166,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

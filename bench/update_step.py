@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from replrl.advantages import batch_tensors, compute_advantages
 from replrl.backends.hf import HFGenerator
 from replrl.backends.sampling import newline_banned_mask
+from replrl.cli import run_script
 from replrl.config import Config
 from replrl.loss import grpo_loss, token_logprobs_and_entropy
 from replrl.models import load_model_and_tokenizer
@@ -26,7 +28,7 @@ from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, rollout
 from replrl.tasks import load_task
 from replrl.types import SamplingParams
-from sandbox import KernelPool, run_sync
+from sandbox import KernelPool, Limits, run_sync
 
 
 def replrl_update(model, opt, batch, adv, banned, sampling) -> None:
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     model, tokenizer = load_model_and_tokenizer(args.model)
     task = load_task("arithmetic", level=2)
     sampling = SamplingParams(max_line_tokens=40, max_lines=6, max_total_tokens=512, seed=0)
@@ -93,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

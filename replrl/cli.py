@@ -1,4 +1,4 @@
-"""The `replrl` command: `replrl repl | rollout | train | eval | plot`.
+"""The `replrl` command: `replrl repl | rollout | train | eval | plot | env`.
 
 Every subcommand turns expected failures (bad config, missing model or dataset, a sandbox that cannot start) into
 one clear line on stderr and a non-zero exit code; ``--debug`` shows the full traceback instead.
@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Callable
 
 from sandbox import KernelStartError, SandboxUnavailable
 
-from . import __version__, cli_repl, cli_rollout, cli_train
+from . import __version__, cli_env, cli_repl, cli_rollout, cli_train
 
 # Errors a user can fix; anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, KernelStartError, SandboxUnavailable)
@@ -26,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"replrl {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (cli_repl, cli_rollout, cli_train):
+    for module in (cli_repl, cli_rollout, cli_train, cli_env):
         module.add_parser(sub)
     return parser
 
@@ -48,6 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"replrl {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 1
+
+
+def run_script(fn: Callable[[], object], name: str | None = None) -> int:
+    """Run a script's ``main`` (bench/, examples/) with the CLI's error contract: a user error is one line on stderr
+    and exit code 1 (``REPLRL_DEBUG=1`` shows the traceback)."""
+    name = name or os.path.basename(sys.argv[0])
+    try:
+        return int(fn() or 0)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as err:
+        if os.environ.get("REPLRL_DEBUG"):
+            raise
+        print(f"{name}: error: {_one_line(err)}", file=sys.stderr)
         return 1
 
 

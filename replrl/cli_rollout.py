@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.n < 1 or args.group_size < 1:
         raise ValueError("--n and --group-size must be >= 1")
+    cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     task = task_from_config(cfg)
     rows = task.rows(args.split or cfg.task.eval_split)
     n_problems = -(-args.n // args.group_size)

@@ -107,6 +107,7 @@ def run_eval(args: argparse.Namespace) -> int:
         if getattr(args, flag, None):
             overrides.setdefault(sec, {})[key] = getattr(args, flag)
     cfg = resolve(Config, args.config, overrides, base=base)
+    cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     cfg.model.name = model_spec_and_config(args.model, cfg)
     cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)

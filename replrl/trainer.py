@@ -105,6 +105,7 @@ class Trainer:
         from accelerate import Accelerator
 
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
+        self.isolation = cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before any work
         self._check_run_dir(resume)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)

@@ -15,8 +15,12 @@ from .limits import Limits, is_root
 
 KERNEL_SOURCE = (Path(__file__).with_name("_kernel_side.py")).read_text()
 
-# Host directories a sandboxed kernel must not see (homes hold keys and tokens; /run holds daemon sockets).
-HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run")
+# The bwrap level's filesystem view is an allowlist: an empty root, then these read-only, then the interpreter's own
+# directories, the kernel's working directory (writable) and Limits.ro_paths. Nothing else of the host is there: no
+# checkout, datasets, caches, run directories, homes or other kernels' directories.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf", "passwd", "group",
+             "hosts", "host.conf", "os-release", "mime.types", "ssl", "ca-certificates", "ca-certificates.conf")
 
 _uid_counter = itertools.count()
 
@@ -36,14 +40,70 @@ def next_uid(limits: Limits) -> int | None:
 
 
 def python_paths() -> list[str]:
-    """Directories the kernel's interpreter needs: prefixes, the executable's folder, and sys.path entries."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    return sorted(os.path.realpath(p) for p in paths)
+    """Directories the kernel's interpreter needs: its prefixes, the executable's folder, the standard library and
+    site-packages, and sys.path entries inside those (a .pth file's extra directories). sys.path entries elsewhere
+    (the checkout a test runner or an editable install put there) are left out."""
+    import site
+    import sysconfig
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+             os.path.dirname(os.path.realpath(sys.executable))}
+    roots.update(v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    if site.ENABLE_USER_SITE and site.USER_SITE:
+        roots.add(site.USER_SITE)
+    paths = {p for p in roots if p and os.path.isdir(p)}
+    real_roots = {os.path.realpath(p) for p in paths}
+    paths.update(p for p in sys.path if p and os.path.isdir(p) and any(_under(os.path.realpath(p), r) for r in
+                                                                        real_roots))
+    return sorted(paths)
 
 
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
+    """bwrap arguments that build the kernel's filesystem view (see SYSTEM_DIRS): an allowlist, nothing else."""
+    args: list[str] = []
+    for top in SYSTEM_DIRS:  # merged-/usr systems have /bin -> usr/bin: keep the link, bind the real directory
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+    binds: dict[str, str] = {}  # destination -> source
+    for top in SYSTEM_DIRS:
+        if os.path.isdir(top) and not os.path.islink(top):
+            binds[top] = top
+    for name in ETC_FILES:
+        if os.path.exists(os.path.join("/etc", name)):
+            binds[os.path.join("/etc", name)] = os.path.join("/etc", name)
+    for path in [*python_paths(), *ro_paths]:
+        if os.path.exists(path):
+            for dest in {os.path.abspath(path), os.path.realpath(path)}:  # a symlinked prefix is reached both ways
+                binds[dest] = os.path.realpath(path)
+    # keep only outermost mounts; create every missing parent as 0755 (bwrap would make it 0700, unwalkable by
+    # the kernel's own uid)
+    kept = [d for d in sorted(binds) if not any(_under(d, o) and d != o for o in binds)]
+    made: set[str] = set()
+    for dest in kept:
+        parent = os.path.dirname(dest)
+        chain = []
+        while parent not in ("/", "") and parent not in made:
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for directory in reversed(chain):
+            made.add(directory)
+            args += ["--perms", "0755", "--dir", directory]
+        args += ["--ro-bind", binds[dest], dest]
+    for directory in (os.path.dirname(kdir),):
+        chain = []
+        while directory not in ("/", "") and directory not in made:
+            chain.append(directory)
+            directory = os.path.dirname(directory)
+        for d in reversed(chain):
+            made.add(d)
+            args += ["--perms", "0755", "--dir", d]
+    args += ["--bind", kdir, kdir, "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/"]
+    return args
 
 
 def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool) -> dict[str, str]:
@@ -53,6 +113,9 @@ def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool) -> di
         "gid": gid,
         "max_output": limits.max_output_bytes,
         "may_reap": may_reap,
+        # where the host finds ipykernel (a user site, say): the kernel imports it from there, then gives user code
+        # the interpreter's own sys.path, as `python -i` has it (so no PYTHONPATH: it would show through)
+        "import_path": [p for p in sys.path if p and os.path.isdir(p)],
         "rlimits": {
             "as": limits.memory_mb * 2**20 if limits.memory_mb else None,
             "nproc": limits.max_procs,
@@ -64,7 +127,6 @@ def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool) -> di
     return {
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": os.path.join(kdir, "work"),
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
         "PYTHONHASHSEED": "0",  # deterministic set/dict-of-str ordering: reproducible transcripts
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
@@ -85,24 +147,7 @@ def launch_spec(level: str, limits: Limits, kdir: str, conn_file: str) -> Launch
     env = kernel_env(limits, kdir, uid, may_reap)
     python = [sys.executable, "-c", KERNEL_SOURCE, "-f", conn_file]
     if level == "bwrap":
-        argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        for hidden in HIDDEN:
-            if os.path.isdir(hidden) and not os.path.islink(hidden):
-                argv += ["--tmpfs", hidden]
-        made: set[str] = set()
-        for path in python_paths():
-            hidden_root = next((h for h in HIDDEN if _under(path, h)), None)
-            if hidden_root is None:
-                continue
-            # bwrap makes missing mount points 0700; the kernel's uid must be able to walk through them
-            parts = path[len(hidden_root):].strip("/").split("/")[:-1]
-            for i in range(len(parts)):
-                parent = os.path.join(hidden_root, *parts[: i + 1])
-                if parent not in made:
-                    made.add(parent)
-                    argv += ["--perms", "0755", "--dir", parent]
-            argv += ["--ro-bind", path, path]
-        argv += ["--bind", kdir, kdir]
+        argv = [shutil.which("bwrap") or "bwrap", *bwrap_view(kdir, limits.ro_paths)]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not limits.network:
             argv += ["--unshare-net"]

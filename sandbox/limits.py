@@ -43,6 +43,10 @@ class Limits:
     the strongest this machine offers. Asking for a level that is unavailable raises SandboxUnavailable."""
     uid_base: int = 70000
     """When the host runs as root, each kernel runs under its own uid from uid_base upwards (never root)."""
+    ro_paths: tuple[str, ...] = ()
+    """Host files or directories the kernel may read on purpose (e.g. a data file a task hands the model), mounted
+    read-only at the same path. Only the bwrap level has a filesystem view; at the other levels everything the
+    kernel's uid can read is readable anyway."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ("auto", *LEVELS):
@@ -51,6 +55,8 @@ class Limits:
             raise ValueError("Limits.wall_s and Limits.interrupt_grace_s must be positive")
         if self.max_output_bytes < 1:
             raise ValueError("Limits.max_output_bytes must be positive")
+        if isinstance(self.ro_paths, str) or not all(isinstance(p, str) and p.startswith("/") for p in self.ro_paths):
+            raise ValueError("Limits.ro_paths must be a tuple of absolute paths")
 
     def resolve_isolation(self) -> str:
         """The isolation level kernels will actually run under (raises SandboxUnavailable if it cannot be met)."""
@@ -60,11 +66,20 @@ class Limits:
                                          f" ({_why_not(self.isolation)})")
             level = self.isolation
         else:
-            level = next(lv for lv in LEVELS if available(lv))
+            level = next((lv for lv in LEVELS if available(lv)), None)
+            if level is None:
+                raise SandboxUnavailable(f"no sandbox can start here: {_why_not('bwrap')} and {_why_not('unshare')}; "
+                                         f"fix: {fix_command()}")
         if not self.network and level == "rlimits":
             raise SandboxUnavailable("Limits(network=False) needs a network namespace, but neither bubblewrap nor "
-                                     "unshare works here: install bubblewrap, or pass Limits(network=True)")
+                                     f"unshare works here ({_why_not('bwrap')}); fix: {fix_command()}")
         return level
+
+
+def hides_host_files(level: str) -> bool:
+    """Whether kernels at this isolation level see only an allowlist of host files (bwrap builds a filesystem
+    view); at the other levels model-written code can read whatever the kernel's uid can read."""
+    return level == "bwrap"
 
 
 def is_root() -> bool:
@@ -112,12 +127,19 @@ def available(level: str) -> bool:
     raise ValueError(level)
 
 
+def fix_command() -> str:
+    """The command that gives this machine the strongest sandbox level."""
+    apt = "apt-get install -y bubblewrap" if is_root() else "sudo apt-get install -y bubblewrap"
+    return f"`{apt}` (Debian/Ubuntu; `dnf install bubblewrap` on Fedora)"
+
+
 def _why_not(level: str) -> str:
     if level != "bwrap" and is_root() and not python_reachable_by_others():
-        return ("the kernel drops root for its own uid, which cannot reach this Python (a parent directory is "
-                "not world-searchable); bubblewrap makes it reachable with read-only mounts")
+        return (f"`{level}` cannot run this Python as the kernel's own uid (a parent directory of the interpreter "
+                "is not world-searchable)")
+    if level == "rlimits":
+        return "rlimits needs nothing extra"
     tool = {"bwrap": "bwrap", "unshare": "unshare"}[level]
     if not shutil.which(tool):
-        hint = " (Debian/Ubuntu: apt-get install bubblewrap)" if tool == "bwrap" else ""
-        return f"`{tool}` is not installed{hint}"
+        return "bubblewrap (`bwrap`) is not installed" if tool == "bwrap" else "`unshare` is not installed"
     return f"`{tool}` is installed but cannot create namespaces here (user namespaces disabled?)"

@@ -1,0 +1,7 @@
+"""`python -m replrl ...` is the `replrl` command (for `accelerate launch -m replrl train ...`)."""
+
+import sys
+
+from replrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""`replrl env`: what this machine gives replrl, to paste into a bug report (like `accelerate env`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import sys
+
+PACKAGES = ("torch", "transformers", "accelerate", "datasets", "jupyter_client", "ipykernel", "vllm", "peft")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="print the sandbox level, versions, devices and model cache (for bug reports)",
+                       description="Print what this machine gives replrl: the sandbox isolation level and whether "
+                       "host files are hidden from model-written code, package versions, CPU/GPU, and whether the "
+                       "default model is cached. Paste it into bug reports.")
+    p.set_defaults(func=run)
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def sandbox_lines() -> list[str]:
+    from sandbox.limits import LEVELS, Limits, SandboxUnavailable, _why_not, available, fix_command, hides_host_files
+
+    lines = []
+    try:
+        level = Limits().resolve_isolation()
+        hidden = hides_host_files(level)
+        weaker = "" if level == "bwrap" else f" (for the strongest: {fix_command()})"
+        lines.append(f"sandbox isolation: {level}{weaker}")
+        lines.append("host files visible to model code: " + ("no (allowlisted filesystem view)" if hidden else
+                                                             "YES (no filesystem view at this level)"))
+    except SandboxUnavailable as err:
+        lines.append(f"sandbox isolation: NONE ({err})")
+    lines.append("levels: " + ", ".join(f"{lv} {'yes' if available(lv) else 'no (' + _why_not(lv) + ')'}"
+                                        for lv in LEVELS))
+    return lines
+
+
+def report() -> str:
+    import torch
+
+    from .models import SMOLLM2_ALIAS, cache_dir, default_model_cached
+
+    lines = [f"replrl: {_version('replrl')}", f"python: {sys.version.split()[0]} ({sys.executable})",
+             f"platform: {platform.platform()}", f"user: uid {os.geteuid()}"]
+    lines += [f"{name}: {_version(name)}" for name in PACKAGES]
+    lines.append(f"cpu: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        lines.append(f"gpu: {names} (cuda {torch.version.cuda})")
+    else:
+        lines.append("gpu: none")
+    lines += sandbox_lines()
+    cached = default_model_cached()
+    where = f"cached ({cached})" if cached else f"not cached yet (fetched once from PyPI into {cache_dir()})"
+    lines.append(f"default model ({SMOLLM2_ALIAS}): {where}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(report())
+    return 0

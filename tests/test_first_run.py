@@ -1,0 +1,65 @@
+"""A new user's first commands: with no sandbox possible, every command says so in one line and exits non-zero;
+`replrl env` reports the machine. Each runs as a real subprocess, the way a user types it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(argv: list[str], env_path: str | None = None, stdin: str = "", timeout: float = 180):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if env_path is not None:
+        env["PATH"] = env_path  # bwrap and unshare hidden: no isolation level can start
+    return subprocess.run([sys.executable, *argv], input=stdin, capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=timeout)
+
+
+NO_SANDBOX_COMMANDS = [
+    ["-m", "replrl", "repl"],
+    ["-m", "replrl", "rollout", "--model", "tiny", "--n", "2"],
+    ["-m", "replrl", "train", "examples/smoke.toml", "--run-dir", "RUN_DIR"],
+    ["-m", "replrl", "eval", "--model", "tiny", "--n", "2"],
+    ["bench/kernel_latency.py"],
+    ["bench/repl_tax.py"],
+]
+
+
+@pytest.mark.parametrize("argv", NO_SANDBOX_COMMANDS, ids=lambda a: " ".join(a[:3]))
+def test_no_sandbox_is_one_line_and_a_nonzero_exit(argv, tmp_path):
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    run_dir = tmp_path / "run"
+    done = run([str(run_dir) if a == "RUN_DIR" else a for a in argv], env_path=str(empty_bin), stdin="1\n")
+    err = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert len(err) == 1, done.stderr[-2000:]  # one line, no traceback
+    assert "SandboxUnavailable" in err[0] and "bubblewrap" in err[0] and "apt-get install -y bubblewrap" in err[0]
+    assert not run_dir.exists(), "a run that cannot start must not leave a run directory behind"
+
+
+def test_replrl_env_reports_sandbox_versions_and_model_cache():
+    done = run(["-m", "replrl", "env"])
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for key in ("python:", "torch:", "transformers:", "jupyter_client:", "ipykernel:", "vllm:", "cpu:", "gpu:",
+                "sandbox isolation:", "default model (smollm2-135m-instruct):"):
+        assert key in out, (key, out)
+    from sandbox import Limits
+    from sandbox.limits import hides_host_files
+
+    level = Limits().resolve_isolation()
+    assert f"sandbox isolation: {level}" in out
+    assert ("host files visible to model code: no" in out) == hides_host_files(level)
+
+
+def test_replrl_env_without_a_sandbox_still_reports(tmp_path):
+    done = run(["-m", "replrl", "env"], env_path=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "sandbox isolation: NONE" in done.stdout and "apt-get install -y bubblewrap" in done.stdout
