@@ -1,12 +1,16 @@
-"""HTML rendering of trajectories for notebooks: model text and interpreter output told apart by colour, each line's
-reward terms beside it. ``Trajectory._repr_html_`` calls ``trajectory_html``."""
+"""Notebook display: trajectories as HTML (model text and interpreter output told apart by colour, each line's
+reward terms beside it; ``Trajectory._repr_html_`` calls ``trajectory_html``), episodes to and from JSON Lines, and
+``LiveCurve``, a learning curve redrawn in place after every training step."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import io
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from .types import Trajectory
 
@@ -52,9 +56,84 @@ def trajectory_html(t: Trajectory, show_prompt: bool = False) -> str:
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:
+    """Episodes from JSON Lines: ``replrl rollout --out``, ``save_jsonl``, or a run's samples.jsonl (whose extra
+    ``step`` key is dropped)."""
+    known = {f.name for f in dataclasses.fields(Trajectory)} | {"reward"}
     with open(path) as f:
-        return [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+        return [Trajectory.from_dict({k: v for k, v in json.loads(line).items() if k in known})
+                for line in f if line.strip()]
 
 
-def many_html(trajs: Iterable[Trajectory]) -> str:
-    return "<br>".join(trajectory_html(t) for t in trajs)
+def save_jsonl(trajs: Iterable[Trajectory], path: str | Path) -> Path:
+    """Write episodes as JSON Lines, one per line (the format of ``replrl rollout --out``); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        f.writelines(t.to_json() + "\n" for t in trajs)
+    return path
+
+
+def many_html(trajs: Iterable[Trajectory], show_prompt: bool = False) -> str:
+    return "<br>".join(trajectory_html(t, show_prompt) for t in trajs)
+
+
+def show(trajs: Trajectory | Iterable[Trajectory], limit: int = 8, show_prompt: bool = False) -> Any:
+    """The first ``limit`` transcripts as one HTML object: the last expression of a notebook cell renders it."""
+    from IPython.display import HTML
+
+    trajs = [trajs] if isinstance(trajs, Trajectory) else list(trajs)
+    return HTML(many_html(trajs[:limit], show_prompt))
+
+
+class LiveCurve:
+    """Learning curves redrawn in place after every training step: ``train(cfg, on_step=LiveCurve())``.
+
+    Each metric in ``keys`` gets a panel. In a notebook the figure is one output, replaced at each step (an IPython
+    display handle, so it also works when the notebook runs unattended); elsewhere nothing is drawn. ``history``
+    keeps every step's metrics, and the object itself renders the final figure (``_repr_png_``)."""
+
+    def __init__(self, keys: Sequence[str] = ("reward_mean", "accuracy", "syntax_error_rate"), dpi: int = 72):
+        self.keys, self.dpi = tuple(keys), dpi
+        self.history: list[dict[str, Any]] = []
+        self._handle: Any = None
+
+    def __call__(self, result: Any) -> None:
+        self.history.append({"step": result.step, **result.metrics})
+        if not _in_ipython():
+            return
+        from IPython.display import Image, display
+
+        image = Image(data=self._repr_png_(), format="png")
+        if self._handle is None:
+            self._handle = display(image, display_id=True)
+        else:
+            self._handle.update(image)
+
+    def figure(self) -> Any:
+        """The curves as a matplotlib Figure (not registered with pyplot, so no backend is touched)."""
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        fig = Figure(figsize=(3.6 * len(self.keys), 2.6), dpi=self.dpi, layout="constrained")
+        for ax, key in zip(fig.subplots(1, len(self.keys), squeeze=False)[0], self.keys):
+            pts = [(r["step"], r[key]) for r in self.history if isinstance(r.get(key), (int, float))]
+            if pts:
+                ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, ms=3)
+            ax.set_title(f"{key} {pts[-1][1]:.3g}" if pts else key, fontsize=10)
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+        return fig
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        self.figure().savefig(buf, format="png")
+        return buf.getvalue()
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None

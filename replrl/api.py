@@ -1,0 +1,124 @@
+"""The Python API for notebooks and scripts: what ``replrl train | rollout | eval`` do, as functions.
+
+    cfg = load_config("examples/smoke.toml", run={"max_steps": 5})
+    trainer = train(cfg, on_step=LiveCurve())           # a live learning curve in a notebook
+    evaluate(trainer, n=8)                              # held-out accuracy and per-line error rates
+    trajs = sample_episodes(trainer, n=4)               # episodes to look at: show(trajs), save_jsonl(trajs, path)
+
+Each function that runs episodes starts its own sandboxed kernel pool and closes it before returning; the sync
+facade (``sandbox.run_sync``) works inside a running notebook loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+from .configlib import resolve
+from .trainer import StepResult, Trainer
+from .types import Trajectory
+
+ModelSource = Trainer | str | Path
+"""A Trainer (its current weights, task and config), a run directory (its latest checkpoint and saved config), or a
+model spec: a hub id, a local directory, a .gguf file, ``smollm2-135m-instruct`` or ``tiny``."""
+
+
+def load_config(path: str | Path | None = None, **sections: dict[str, Any]) -> Config:
+    """A validated Config: the defaults, then the TOML file at ``path``, then ``sections`` (one dict per section,
+    e.g. ``load_config("examples/smoke.toml", run={"max_steps": 5}, rollout={"temperature": 0.8})``). Unknown keys
+    and wrong types raise ConfigError, exactly as on the command line."""
+    return resolve(Config, str(path) if path else None, dict(sections))
+
+
+def train(cfg: Config, run_dir: str | Path | None = None, *, on_step: Callable[[StepResult], Any] | None = None,
+          resume: bool = False, progress: bool = False) -> Trainer:
+    """Train until ``cfg.run.max_steps`` and return the Trainer (its model is the trained policy).
+
+    ``run_dir`` gets the config, metrics.jsonl, samples.jsonl and checkpoints, as with ``replrl train --run-dir``
+    (None: a new temporary directory, ``trainer.run_dir``). ``on_step(result)`` runs after every step with a
+    ``StepResult`` (``step``, ``metrics``, ``trajectories``); ``LiveCurve()`` is one. ``resume=True`` continues the
+    run in ``run_dir`` at its next step. ``progress`` shows the tqdm bar. Interrupting the kernel (Ctrl-C) finishes
+    the step in flight and saves a checkpoint, as in the terminal."""
+    run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="replrl-run-"))
+    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
+    trainer.train(on_step=on_step)
+    return trainer
+
+
+def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None,
+             samples_per_problem: int = 1) -> dict[str, float]:
+    """Accuracy and per-line statistics on the first ``n`` problems of the held-out split, with the same sampling
+    code as training (the numbers of ``replrl eval``). ``cfg`` (task, rollout and run settings) defaults to the
+    trainer's or run's own config, else ``Config()``."""
+    from .trainer import evaluate as evaluate_on
+
+    generator, task, cfg = _policy(model, cfg)
+    with _kernels(cfg, task, min(16, n * samples_per_problem)) as pool:
+        return evaluate_on(generator, pool, task, cfg, n, samples_per_problem)
+
+
+def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
+                    split: str | None = None) -> list[Trajectory]:
+    """``n`` scored episodes without training (what ``replrl rollout`` writes): ``group_size`` per problem, problems
+    taken in order from ``split`` (default ``cfg.task.eval_split``), sampled with ``cfg.rollout``'s settings."""
+    from sandbox import run_sync
+
+    from .rewards import RewardModel
+    from .rollout import EpisodeRules, rollout
+    from .trainer import split_rows
+
+    if n < 1 or group_size < 1:
+        raise ValueError("n and group_size must be >= 1")
+    generator, task, cfg = _policy(model, cfg)
+    rows = split_rows(task, split or cfg.task.eval_split)
+    if len(rows) == 0:
+        raise ValueError(f"task {cfg.task.name!r} has no problems in split {split or cfg.task.eval_split!r}")
+    chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(-(-n // group_size))]
+    wave = max(1, min(16, n) // group_size)  # problems per wave: at most 16 kernels
+    trajs: list[Trajectory] = []
+    with _kernels(cfg, task, wave * group_size) as pool:
+        for start in range(0, len(chosen), wave):
+            part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave],
+                                       RewardModel(cfg.rewards.weights), cfg.rollout.sampling(),
+                                       EpisodeRules.from_config(cfg.rollout), group_size=group_size,
+                                       chat_template=cfg.model.chat_template))
+            trajs += part
+    return trajs[:n]
+
+
+def _policy(model: ModelSource, cfg: Config | None) -> tuple[Any, Any, Config]:
+    """(generator, task, config) for a Trainer, a run directory or a model spec."""
+    from .backends.hf import HFGenerator
+    from .cli_rollout import model_spec_and_config
+    from .policy import load_policy
+    from .trainer import GEN_THREADS, task_from_config
+
+    if isinstance(model, Trainer):
+        cfg = cfg or model.cfg
+        return model.generator, (model.task if cfg is model.cfg else task_from_config(cfg)), cfg
+    saved = Path(model) / "config.toml"
+    if cfg is None:
+        cfg = resolve(Config, str(saved), {}) if saved.exists() else Config()
+    cfg = copy.deepcopy(cfg)
+    cfg.model.name = model_spec_and_config(str(model), cfg)
+    if saved.exists():
+        cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
+    policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
+    return HFGenerator(policy, tokenizer, num_threads=GEN_THREADS), task_from_config(cfg), cfg
+
+
+@contextlib.contextmanager
+def _kernels(cfg: Config, task: Any, size: int) -> Iterator[Any]:
+    """A started kernel pool for ``task`` under ``cfg.rollout``'s limits, closed on exit."""
+    from sandbox import KernelPool, run_sync
+
+    pool = run_sync(KernelPool(size=size, limits=cfg.rollout.limits(), tools=task.tools).start())
+    try:
+        yield pool
+    finally:
+        run_sync(pool.close())
