@@ -1,8 +1,11 @@
 """Reading numbers out of submitted answers, and comparing them.
 
-A value passed to ``submit()`` reaches the host JSON-friendly: int / float / str / bool / None as is, ``Fraction`` and
-``Decimal`` as their ``str`` ("3/4", "2.50"), anything else as its ``repr`` ("np.int64(5)"). ``parse_number`` turns
-any of those into an exact ``Fraction`` (or None), so checks compare numbers, never strings.
+A value passed to ``submit()`` reaches the host as plain data, made inside the kernel with the base types' own methods:
+int / finite float / str / bool / None as is (a subclass as its base value), ``Fraction`` and ``Decimal`` as their
+``str`` ("3/4", "2.50"), numpy scalars as their Python value; anything else (a list, an object with a lying ``__eq__``
+or ``__repr__``, NaN, infinity, an int over 1000 digits, a str over 1000 characters) as ``{"rejected": why, "repr":
+...}``, which is never a correct answer (see ``checkable``). ``parse_number`` turns a submitted value into an exact
+``Fraction`` (or None), so checks compare numbers, never strings.
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ MAX_TEXT_LEN = 200
 MAX_EXPONENT = 1000
 """Decimal exponents beyond this are rejected: "1e99999999" would otherwise build a huge integer."""
 
-_WRAPPED = re.compile(r"(?:np|numpy)\.\w+\((.*)\)|Decimal\('(.*)'\)")  # np.int64(5), np.float64(2.5), Decimal('2.5')
-_FRACTION_REPR = re.compile(r"Fraction\(\s*([+-]?\d+)\s*,\s*([+-]?\d+)\s*\)")  # Fraction(3, 4)
-_DECIMAL = re.compile(r"[+-]?(?:\d+(?:_\d+)*\.?\d*|\.\d+)(?:[eE]([+-]?\d+))?")
-_THOUSANDS = re.compile(r"([+-]?)(\d{1,3}(?:,\d{3})+)(\.\d*)?")  # 1,234,567.89
+# ASCII digits only (re.ASCII): "４２" (full-width) or "٤٢" (Arabic-Indic) is text, not the number 42
+_WRAPPED = re.compile(r"(?:np|numpy)\.\w+\((.*)\)|Decimal\('(.*)'\)", re.ASCII)  # np.int64(5), Decimal('2.5')
+_FRACTION_REPR = re.compile(r"Fraction\(\s*([+-]?\d+)\s*,\s*([+-]?\d+)\s*\)", re.ASCII)  # Fraction(3, 4)
+_DECIMAL = re.compile(r"[+-]?(?:\d+(?:_\d+)*\.?\d*|\.\d+)(?:[eE]([+-]?\d+))?", re.ASCII)
+_THOUSANDS = re.compile(r"([+-]?)(\d{1,3}(?:,\d{3})+)(\.\d*)?", re.ASCII)  # 1,234,567.89
+
+
+def checkable(value: Any) -> bool:
+    """Whether a submitted value is plain data a task's ``check`` may judge: None, bool, int, float or str. The kernel
+    records everything else as ``{"rejected": why, "repr": ...}``; the rollout counts such a submission as wrong
+    without calling ``check``."""
+    return value is None or type(value) in (bool, int, float, str)
 
 
 def parse_number(value: Any) -> Fraction | None:

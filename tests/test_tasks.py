@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from replrl.answers import exact_match, is_float_like, numbers_equal, parse_number
-from replrl.tasks import ARITHMETIC_HEADER, ArithmeticTask, GSM8KTask, Task, TaskError, load_task
+from replrl.answers import checkable, exact_match, is_float_like, numbers_equal, parse_number
+from replrl.tasks import ARITHMETIC_HEADER, GSM8K_HEADER, ArithmeticTask, GSM8KTask, Task, TaskError, load_task
 
 GSM8K_DIR = Path(__file__).parents[2] / "shared/data/gsm8k"  # /work/shared/data/gsm8k beside the repo
 OPERATOR = re.compile(r" (\+|-|\*|//|%|/) ")
@@ -66,10 +66,28 @@ def test_parse_number_reads(value: Any, expected: Fraction) -> None:
 @pytest.mark.parametrize(
     "value",
     [None, True, False, float("nan"), float("inf"), Decimal("NaN"), "", "abc", "18 eggs", "1 2", "(3, 4)", "[18]",
-     "1,5", "3/0", "np.float64(nan)", "True", "1e99999999", "9" * 500, [18], {"a": 1}, 1j],
+     "1,5", "3/0", "np.float64(nan)", "True", "1e99999999", "9" * 500, [18], {"a": 1}, 1j,
+     "\uff14\uff12", "\u0664\u0662", "4\uff12", "\uff14\uff12/1", "Fraction(\uff14, 1)",  # full-width, Arabic-Indic
+     "0x2a", "0o52", "0b101010", "42j", "inf", "-Infinity", "nan", "1e1001",
+     {"rejected": "list is not a number or a string", "repr": "[42]"}],  # the kernel's record of submit([42])
 )  # fmt: skip
 def test_parse_number_rejects(value: Any) -> None:
     assert parse_number(value) is None
+
+
+def test_hostile_number_strings_read_as_what_they_say() -> None:
+    assert parse_number("Fraction(1, 1)") == 1 and parse_number("1e309") == 10**309  # exact: no float, no inf
+    assert not exact_match("1e309", 42) and not exact_match("0x2a", 42) and not exact_match("\uff14\uff12", 42)
+    assert exact_match("Fraction(42, 1)", 42) and not exact_match("Fraction(1, 1)", 42)
+    assert parse_number("9" * 200) == int("9" * 200) and parse_number("9" * 201) is None  # MAX_TEXT_LEN
+
+
+def test_checkable_values_are_plain_data() -> None:
+    for value in [None, True, 0, 10**100, -2.5, "", "3/4"]:
+        assert checkable(value), value
+    for value in [{"rejected": "list is not a number or a string", "repr": "[42]"}, [42], (42,), Fraction(1, 2),
+                  Decimal(1)]:
+        assert not checkable(value), value
 
 
 def test_numbers_equal() -> None:
@@ -195,20 +213,53 @@ def test_gsm8k_loads_through_datasets(gsm8k: GSM8KTask) -> None:
 
 def test_gsm8k_check(gsm8k: GSM8KTask) -> None:
     row = gsm8k.rows("test")[0]  # answer 18
-    for ok in [18, "18", 18.0, "$18", "18.00", "np.int64(18)", 18.000001, "36/2"]:  # 18.000001: 5.6e-8 relative
+    for ok in [18, "18", 18.0, "$18", "18.00", "np.int64(18)", 18.000000000000004, "36/2"]:  # 2e-16: float rounding
         assert gsm8k.check(row, ok), ok
-    for wrong in [17, "18 dollars", 18.1, None, "", [18]]:
+    for wrong in [17, "18 dollars", 18.1, 18.000001, None, "", [18], "\uff11\uff18", True]:  # 5.6e-8: not rounding
         assert not gsm8k.check(row, wrong), wrong
     comma = next(r for r in gsm8k.rows("train") if "#### 1,080" in r["answer"])  # commas removed: 1080
     assert gsm8k.answer_of(comma) == 1080 and gsm8k.check(comma, 1080) and gsm8k.check(comma, "1,080")
 
 
-def test_gsm8k_single_file_limit_and_split_mapping() -> None:
-    task = GSM8KTask(data=str(GSM8K_DIR / "test.jsonl"), limit=5, split={"train": "train", "test": "train"})
-    assert len(task.rows("train")) == 5 and task.answer_of(task.rows("test")[0]) == 18
-    only_train = GSM8KTask(data=str(GSM8K_DIR / "test.jsonl"), limit=3)  # a single file's one split is "train"
+def test_gsm8k_matches_integer_answers_exactly(gsm8k: GSM8KTask) -> None:
+    # The old check gave every answer 1e-6 relative tolerance: 1450000 took 1450001, 1449999 and 1450000.5, and
+    # 192000000 took anything within +-192. An int must be exact; a float only within float rounding (1e-9).
+    row = gsm8k.rows("test")[611]  # John's program: "#### 1,450,000"
+    assert gsm8k.answer_of(row) == 1450000
+    for ok in [1450000, "1,450,000", 1450000.0, "1450000.00", 1450000.0000001, "$1,450,000"]:  # 6.9e-14 relative
+        assert gsm8k.check(row, ok), ok
+    for wrong in [1450001, 1449999, 1450000.5, "1450001", "1,450,001", 1450001.0, "1450000.5", "2900001/2"]:
+        assert not gsm8k.check(row, wrong), wrong
+    train = gsm8k.rows("train")
+    big = train[next(i for i, a in enumerate(train["answer"]) if a.endswith("#### 192000000"))]
+    assert gsm8k.answer_of(big) == 192000000 and gsm8k.check(big, 192000000) and gsm8k.check(big, 1.92e8)
+    for wrong in [192000000 + 192, 192000000 - 192, 192000001, 191999999, 192000000.5, float(192000000 + 192)]:
+        assert not gsm8k.check(big, wrong), wrong
+
+
+def test_gsm8k_single_file_serves_any_split_with_a_note(caplog: pytest.LogCaptureFixture) -> None:
+    import replrl.tasks.gsm8k as gsm8k_module
+
+    path = str(GSM8K_DIR / "test.jsonl")
+    task = GSM8KTask(data=path, limit=5)  # `replrl rollout --task gsm8k --data test.jsonl` asks for "test"
+    gsm8k_module._noted.clear()
+    with caplog.at_level("WARNING", logger="replrl.tasks.gsm8k"):
+        assert len(task.rows("train")) == 5 and not caplog.records  # the file's own split: no note
+        assert task.answer_of(task.rows("test")[0]) == 18
+        task.rows("test")
+        GSM8KTask(data=path, limit=2).rows("test")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"gsm8k data '{path}' is a single file: its one split is used for 'test'"]  # once per (file, split)
+    mapped = GSM8KTask(data=path, limit=5, split={"train": "train", "test": "train"})
+    assert mapped.rows("test")[0] == mapped.rows("train")[0]
+
+
+def test_gsm8k_directory_keeps_its_named_splits(tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    task = GSM8KTask(data=str(tmp_path))
+    assert len(task.rows("train")) == 1
     with pytest.raises(TaskError, match=r"has no split 'test' \(splits: train\)"):
-        only_train.rows("test")
+        task.rows("test")
 
 
 def test_gsm8k_errors(tmp_path: Path) -> None:
@@ -227,6 +278,22 @@ def test_gsm8k_errors(tmp_path: Path) -> None:
     task = GSM8KTask(data=str(tmp_path), field_question="problem", field_answer="solution", limit=1)
     row = task.rows("train")[0]
     assert task.answer_of(row) == 2 and task.header(row).endswith("Problem: 1 + 1?")
+    with pytest.raises(TaskError, match=r"must not contain \{solution\}: it is the reference answer"):
+        GSM8KTask(data=str(tmp_path), field_question="problem", field_answer="solution", limit=1,
+                  header_template="{question} ({solution.strip})")
+
+
+def test_headers_hold_only_the_question(gsm8k: GSM8KTask) -> None:
+    # The header is the only text of the row the model (or its code) ever gets: never the solution or the answer.
+    for row in gsm8k.rows("test").select(range(50)):
+        assert gsm8k.header(row) == GSM8K_HEADER.format(question=row["question"])
+        assert "####" not in gsm8k.header(row) and row["answer"] not in gsm8k.header(row)
+    arithmetic = ArithmeticTask(level=2, n_train=5, n_test=50)
+    for row in arithmetic.rows("test"):
+        assert arithmetic.header(row) == ARITHMETIC_HEADER.format(question=row["question"])
+    for template in ["{question} {answer}", "{question} {answer!r}", "{question} {answer[0]}"]:
+        with pytest.raises(TaskError, match=r"must not contain \{answer\}"):
+            ArithmeticTask(header_template=template)
 
 
 # ---------------------------------------------------------------- load_task

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -22,9 +23,10 @@ class TaskError(ValueError):
 class Task(Protocol):
     """One kind of episode: a header (the problem, how to submit), then a Python REPL; ``submit(answer)`` ends it.
 
-    The submitted value reaches ``check`` JSON-friendly: int/float/str/bool/None as is, Fraction and Decimal as
-    their ``str`` ("3/4"), anything else as its ``repr`` ("np.int64(5)"). ``replrl.answers.parse_number`` reads all
-    of these as numbers.
+    The submitted value reaches ``check`` as plain data: int/float/str/bool/None (a subclass as its base value, a
+    numpy scalar as its Python value), Fraction and Decimal as their ``str`` ("3/4"). Anything else the code submits
+    (a list, an object, NaN, an int over 1000 digits) is recorded as ``{"rejected": why, "repr": ...}`` and counted
+    wrong without calling ``check``. ``replrl.answers.parse_number`` reads the numbers among these.
     """
 
     name: str
@@ -90,8 +92,10 @@ def _validate(name: str, task: Any) -> None:
         raise TaskError(f"task {name!r}: tools must be a tuple of names including 'submit' (got {task.tools!r})")
 
 
-def check_header_template(template: str, fields: Sequence[str] = ("question",)) -> None:
-    """Raise TaskError unless ``template`` is a valid ``str.format`` template that uses every one of ``fields``."""
+def check_header_template(template: str, fields: Sequence[str] = ("question",),
+                          forbidden: Sequence[str] = ("answer",)) -> None:
+    """Raise TaskError unless ``template`` is a valid ``str.format`` template that uses every one of ``fields`` and
+    none of ``forbidden`` (the reference answer's field: the header is the model's to read)."""
     try:
         used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     except ValueError as e:
@@ -99,6 +103,11 @@ def check_header_template(template: str, fields: Sequence[str] = ("question",)) 
     for f in fields:
         if f not in used:
             raise TaskError(f"header_template must contain {{{f}}} (got {template!r:.80})")
+    roots = {re.split(r"[.\[]", f, maxsplit=1)[0] for f in used}  # {answer.x} and {answer[0]} use the field too
+    for f in forbidden:
+        if f in roots:
+            raise TaskError(f"header_template must not contain {{{f}}}: it is the reference answer, which the model "
+                            "must not see")
 
 
 def format_header(template: str, row: Mapping[str, Any], **values: Any) -> str:

@@ -1,19 +1,21 @@
 """Built-in task ``gsm8k``: grade-school word problems; the reference is the number after "####" in the answer.
 
 Always loaded through ``datasets`` (one code path for the hub and local files): ``data`` is a hub id
-("openai/gsm8k", config "main"), a .jsonl / .json / .parquet file (its one split is "train"), or a directory of
-such files named by split ("train.jsonl", "test.jsonl", or hub-style "train-00000-of-00001.parquet").
+("openai/gsm8k", config "main"), a .jsonl / .json / .parquet file (its one split serves every split, with a note on
+stderr for each split not named "train"), or a directory of such files named by split ("train.jsonl", "test.jsonl",
+or hub-style "train-00000-of-00001.parquet"); directories and hub ids keep their named splits.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar
 
-from replrl.answers import numbers_equal, parse_number
+from replrl.answers import exact_match, parse_number
 from replrl.tasks.base import TaskError, check_header_template, format_header
 
 GSM8K_HEADER = (
@@ -23,6 +25,9 @@ GSM8K_HEADER = (
 """Default header; ``{question}`` is the row's question field (other row fields can be used too)."""
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_ONE_FILE_SPLIT = "train"  # the split name ``datasets`` gives a single data file's rows here
+_noted: set[tuple[str, str]] = set()  # (file, split) pairs whose note was shown: once per process
+log = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 
@@ -38,15 +43,16 @@ class GSM8KTask:
     config: str | None = "main"
     """Hub config name (used for hub ids, and to pick a subdirectory of a local snapshot)."""
     split: dict[str, str] = field(default_factory=lambda: {"train": "train", "test": "test"})
-    """replrl split -> dataset split, e.g. {"train": "train", "test": "train"} for a single local file."""
+    """replrl split -> dataset split of a directory or hub id (a single data file serves any split)."""
     limit: int | None = None
     """Keep only the first N rows of each split."""
     field_question: str = "question"
     """Column holding the problem text."""
     field_answer: str = "answer"
     """Column holding the solution, ending in "#### <number>"."""
-    rel_tol: float = 1e-6
-    """Relative tolerance of ``check`` (absolute 1e-9 near zero)."""
+    rel_tol: float = 1e-9
+    """Relative tolerance of ``check`` for float-like submissions only (float rounding: 0.1 * 3 for 0.3); an int or
+    a fraction must equal the answer exactly."""
     header_template: str = GSM8K_HEADER
     """Header text; ``{question}`` is replaced by the problem."""
     _splits: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
@@ -54,7 +60,8 @@ class GSM8KTask:
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 0:
             raise TaskError(f"gsm8k limit must be >= 0 (got {self.limit})")
-        check_header_template(self.header_template)
+        check_header_template(self.header_template, forbidden=(self.field_answer,))
+        self._one_file = Path(self.data).expanduser().is_file()
         dataset_dict = self._load()
         for name, ds in dataset_dict.items():
             for f in (self.field_question, self.field_answer):
@@ -79,7 +86,7 @@ class GSM8KTask:
             builder = _BUILDERS.get(path.suffix)
             if builder is None:
                 raise TaskError(f"gsm8k data '{self.data}': unsupported file type (use .jsonl, .json or .parquet)")
-            return load_dataset(builder, data_files={"train": str(path)})
+            return load_dataset(builder, data_files={_ONE_FILE_SPLIT: str(path)})
         if path.is_dir():
             builder, data_files = _split_files(path, self.config)
             return load_dataset(builder, data_files=data_files)
@@ -96,6 +103,11 @@ class GSM8KTask:
         if split not in self.split:
             raise TaskError(f"unknown split {split!r}: use one of {', '.join(self.split)}")
         name = self.split[split]
+        if self._one_file and name not in self._splits:  # one file, one split: it serves this one too
+            if (self.data, split) not in _noted:
+                _noted.add((self.data, split))
+                log.warning("gsm8k data '%s' is a single file: its one split is used for '%s'", self.data, split)
+            name = _ONE_FILE_SPLIT
         if name not in self._splits:
             have = ", ".join(self._splits)
             raise TaskError(f"dataset '{self.data}' has no split '{name}' (splits: {have}); map it with split=")
@@ -112,8 +124,10 @@ class GSM8KTask:
         return int(value) if value.denominator == 1 else value
 
     def check(self, row: dict, submitted: Any) -> bool:
-        """Numeric equality within rel_tol: for answer 18, 18, "18", 18.0, "$18", "18.00" pass; "18 eggs", 17 fail."""
-        return numbers_equal(submitted, self.answer_of(row), rel_tol=self.rel_tol)
+        """Exact numeric equality (``replrl.answers.exact_match``); a float-like submission may differ by float
+        rounding (``rel_tol``). For answer 18: 18, "18", 18.0, "$18", "18.00", "36/2" pass; "18 eggs", 17, 18.1
+        fail. For 1450000: 1450001, 1449999 and 1450000.5 fail."""
+        return exact_match(submitted, self.answer_of(row), float_rel_tol=self.rel_tol)
 
 
 def _final_answer(answer: Any) -> Fraction | None:
