@@ -88,7 +88,7 @@ def run_train(args: argparse.Namespace) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
     trainer = Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress)
     trainer.train()
-    print(f"run saved in {run_dir} (step {trainer.step}); plot it with: replrl plot {run_dir}", file=sys.stderr)
+    print(trainer.summary())
     return 0
 
 

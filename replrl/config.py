@@ -40,8 +40,9 @@ class TaskConfig:
     data: str = ""
     """Dataset for data-backed tasks (gsm8k): a hub id, a .jsonl/.parquet file or a directory. Empty: the task's
     default."""
-    level: int = 2
-    """Difficulty of the arithmetic task (1-5)."""
+    level: int = 1
+    """Difficulty of the arithmetic task (1-5). Level 1 (`What is 82 * 56?`) is where the untrained SmolLM2 is
+    right now and then, so GRPO has something to reinforce (at level 2 it never is)."""
     train_split: str = "train"
     """Split the training problems come from."""
     eval_split: str = "test"
@@ -64,21 +65,22 @@ class TaskConfig:
 class RolloutConfig:
     group_size: int = 8
     """Episodes sampled per problem (GRPO's group); advantages are normalised within a group. Must be >= 2."""
-    problems_per_step: int = 1
+    problems_per_step: int = 2
     """Problems per training step: a step samples problems_per_step * group_size episodes at once."""
-    temperature: float = 1.0
-    """Sampling temperature (1.0: the policy's own distribution, as GRPO expects)."""
+    temperature: float = 0.7
+    """Sampling temperature. Log-probs (and so the importance ratio) are those of the tempered distribution
+    actually sampled from. At 1.0 a 135M model rarely writes a line that runs."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0: off)."""
     top_k: int = 0
     """Top-k sampling (0: off)."""
-    max_line_tokens: int = 48
+    max_line_tokens: int = 40
     """A line longer than this ends the episode (end reason overlong_line)."""
-    max_lines: int = 8
+    max_lines: int = 5
     """Lines per episode (block lines count)."""
-    max_total_tokens: int = 640
+    max_total_tokens: int = 448
     """Prompt + generated + spliced tokens per episode."""
-    max_output_tokens: int = 64
+    max_output_tokens: int = 48
     """Interpreter output longer than this many tokens is cut, with a visible marker."""
     max_repeats: int = 3
     """The same line this many times in a row ends the episode (end reason repeat)."""
@@ -177,7 +179,7 @@ class OptimConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0: off)."""
-    warmup_steps: int = 2
+    warmup_steps: int = 0
     """Linear warm-up steps."""
     schedule: str = "constant"
     """LR after warm-up: constant, linear (to 0 at max_steps) or cosine."""
@@ -185,7 +187,7 @@ class OptimConfig:
     """Passes over each batch of rollouts (> 1 recomputes old log-probs and clips)."""
     minibatches: int = 1
     """Optimizer steps per pass: the batch is split into this many minibatches."""
-    micro_batch: int = 8
+    micro_batch: int = 4
     """Episodes per forward/backward (gradient accumulation inside a minibatch)."""
 
     def __post_init__(self) -> None:
@@ -197,23 +199,27 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
-    max_steps: int = 60
+    max_steps: int = 200
     """Training steps."""
-    time_budget_min: float = 0.0
+    time_budget_min: float = 15.0
     """Stop (saving a checkpoint) after the first step that ends more than this many minutes after training
     started in this invocation, even before max_steps (0: no limit). The LR schedule still follows max_steps.
-    For comparisons at equal wall-clock budget."""
+    The default run is sized to learn within this budget on a 2-core CPU; set 0 for step-bounded runs."""
     seed: int = 0
     """Seed of everything (model init for tiny models, problem order, sampling)."""
     eval_every: int = 0
     """Evaluate on the held-out split every N steps (0: only at the end if eval_n > 0)."""
-    eval_n: int = 0
-    """Held-out problems per evaluation (0: no evaluation during training)."""
-    save_every: int = 10
+    eval_n: int = 50
+    """Held-out problems per evaluation: the first eval_n of the eval split, one episode each, the same problems
+    and sampling seed every time (0: no evaluation)."""
+    eval_before: bool = True
+    """Evaluate the untrained model before the first step (with eval_n > 0), so the run ends with a before -> after
+    summary. The last evaluation always runs at the end of the run."""
+    save_every: int = 5
     """Checkpoint every N steps (and always at the end and on Ctrl-C)."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep."""
-    log_samples_every: int = 5
+    log_samples_every: int = 2
     """Write a few sample transcripts to samples.jsonl every N steps (0: never)."""
     tensorboard: bool = True
     """Also write TensorBoard events when tensorboard is installed."""

@@ -137,6 +137,9 @@ class Trainer:
         self._banned: TokenMasks | None = None
         self._stop = False
         self._saved_step = self.step
+        self.evals: dict[str, dict[str, float]] = {}
+        """Held-out evaluations of this invocation: "before" (the untrained model) and "after" (the last one)."""
+        self.curves: Path | None = None
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def _check_run_dir(self, resume: bool) -> None:
@@ -195,6 +198,9 @@ class Trainer:
                                    limits=cfg.rollout.limits(), tools=self.task.tools).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
+            if cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # the untrained model, same problems
+                self.evals["before"] = self.evaluate(pool)
+                self.metrics.write(0, {f"eval/{k}": v for k, v in self.evals["before"].items()})
             while self.step < cfg.run.max_steps and not self._stop:
                 result = self.train_step(pool)
                 bar.update(1)
@@ -204,7 +210,8 @@ class Trainer:
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
                 if cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-                    self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evaluate(pool).items()})
+                    self.evals["after"] = self.evaluate(pool)
+                    self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
                 if on_step is not None:
                     on_step(result)
                 if time.monotonic() > deadline:
@@ -212,12 +219,36 @@ class Trainer:
                     break
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
+            if cfg.run.eval_n and self.step and not self._stop and not (cfg.run.eval_every and self.step % cfg.run.eval_every == 0):
+                self.evals["after"] = self.evaluate(pool)
+                self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
         finally:
             bar.close()
             run_sync(pool.close())
             signal.signal(signal.SIGINT, previous)
             self.metrics.close()
+        if self.step:
+            from .plot import plot_run
+
+            self.curves = plot_run(self.run_dir)
         return self.run_dir
+
+    def summary(self) -> str:
+        """The run in a few lines: held-out accuracy and per-line syntax-error rate before -> after, where it is."""
+        before, after = self.evals.get("before"), self.evals.get("after")
+        lines = [f"trained {self.step} steps; run directory: {self.run_dir}"]
+        if after:
+            n = int(after.get("episodes", self.cfg.run.eval_n))
+            def pct(d: dict | None, k: str) -> str:
+                return "  -" if d is None else f"{100 * d[k]:3.0f}%"
+            lines += [f"held-out ({n} problems of {self.cfg.task.name} {self.cfg.task.eval_split}):  before -> after",
+                      f"  accuracy                  {pct(before, 'accuracy')} -> {pct(after, 'accuracy')}",
+                      f"  submitted an answer       {pct(before, 'submit_rate')} -> {pct(after, 'submit_rate')}",
+                      f"  syntax errors per line    {pct(before, 'syntax_error_rate')} -> "
+                      f"{pct(after, 'syntax_error_rate')}"]
+        if self.curves is not None:
+            lines.append(f"learning curves: {self.curves}")
+        return "\n".join(lines)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self._stop:  # a second Ctrl-C: stop now (the last checkpoint stays intact)

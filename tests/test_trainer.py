@@ -43,9 +43,10 @@ def toy_config(model_dir: Path, **run: object) -> Config:
         "model": {"name": str(model_dir), "chat_template": False},
         "task": {"name": "tests.toy:EchoTask"},
         "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
-                    "max_total_tokens": 256, "wall_s": 2.0},
-        "optim": {"lr": 1e-3, "warmup_steps": 0},
-        "run": {"max_steps": 2, "save_every": 1, "log_samples_every": 1, "tensorboard": False, **run},
+                    "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 8},
+        "run": {"max_steps": 2, "save_every": 1, "log_samples_every": 1, "tensorboard": False, "eval_n": 0,
+                "time_budget_min": 0, **run},
     })
 
 
@@ -236,3 +237,18 @@ def test_kl_reference_and_reused_batches_recompute_old_logprobs(format_model_dir
     assert row["optimizer_steps"] == 4                                # 2 epochs x 2 minibatches
     assert "kl" in row and row["kl"] >= 0.0                          # k3 to the frozen reference
     assert 0.0 <= row["clip_frac"] <= 1.0
+
+
+def test_a_run_ends_with_a_before_after_summary_and_curves(format_model_dir, tmp_path):
+    """The default run's contract (issue 10): held-out evaluation before the first step and after the last one, on
+    the same problems, then a summary naming both and the curves PNG."""
+    trainer = Trainer(toy_config(format_model_dir, max_steps=1, eval_n=4), tmp_path / "run", progress=False)
+    trainer.train()
+    before, after = trainer.evals["before"], trainer.evals["after"]
+    assert before["episodes"] == after["episodes"] == 4
+    evals = [r for r in read_metrics(tmp_path / "run") if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 1]
+    text = trainer.summary()
+    assert f"{100 * before['accuracy']:3.0f}% -> {100 * after['accuracy']:3.0f}%" in text
+    assert "syntax errors per line" in text and str(tmp_path / "run") in text
+    assert trainer.curves is not None and trainer.curves.exists() and str(trainer.curves) in text
