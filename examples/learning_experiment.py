@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "learn_arithmetic.toml"
-GSM8K = HERE.parent.parent / "shared" / "data" / "gsm8k"
+GSM8K = os.environ.get("REPLRL_GSM8K", "openai/gsm8k")  # a hub id, or a local copy (.jsonl file or directory)
 MODEL = "smollm2-135m-instruct"
 ROWS = [  # (label, summary key, format)
     ("accuracy", "accuracy", "{:.1%}"),
@@ -49,11 +50,11 @@ def run(cmd: list[str], done: Path | None = None) -> None:
     print(f"[{time.time() - t0:.0f} s]", flush=True)
 
 
-def evaluate(model: str, out: Path, n: int, gsm8k_n: int, gsm8k: Path, seed: int) -> None:
+def evaluate(model: str, out: Path, n: int, gsm8k_n: int, gsm8k: str, seed: int) -> None:
     base = ["replrl", "eval", "--model", model, str(CONFIG), "--run.seed", str(seed)]
     run(base + ["--n", str(n), "--out", str(out / "arithmetic.json")], out / "arithmetic.json")
     if gsm8k_n:
-        run(base + ["--task", "gsm8k", "--data", str(gsm8k), "--n", str(gsm8k_n), "--out", str(out / "gsm8k.json")],
+        run(base + ["--task", "gsm8k", "--data", gsm8k, "--n", str(gsm8k_n), "--out", str(out / "gsm8k.json")],
             out / "gsm8k.json")
 
 
@@ -115,20 +116,19 @@ def main() -> int:
     p.add_argument("--train-min", type=float, default=15.0, help="wall-clock training budget in minutes (15)")
     p.add_argument("--n", type=int, default=100, help="held-out arithmetic problems (100)")
     p.add_argument("--gsm8k-n", type=int, default=200, help="held-out GSM8K test problems (200; 0: skip)")
-    p.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K directory with test.jsonl (../shared/data/gsm8k)")
+    p.add_argument("--gsm8k", default=GSM8K,
+                   help="GSM8K: hub id, directory or .jsonl file (default: $REPLRL_GSM8K or openai/gsm8k)")
     p.add_argument("--trl", action="store_true", help="also run the text-only TRL GRPO baseline")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.gsm8k_n and not (Path(args.gsm8k) / "test.jsonl").exists():
-        sys.exit(f"no GSM8K test split at {args.gsm8k}/test.jsonl (pass --gsm8k DIR, or --gsm8k-n 0)")
     run_dir = out / "run"
 
-    evaluate(MODEL, out / "before", args.n, args.gsm8k_n, Path(args.gsm8k), args.seed)
+    evaluate(MODEL, out / "before", args.n, args.gsm8k_n, args.gsm8k, args.seed)
     run(["replrl", "train", str(CONFIG), "--run-dir", str(run_dir), "--run.seed", str(args.seed),
          "--run.time_budget_min", str(args.train_min), "--no-progress"], run_dir / "LATEST")
-    evaluate(str(run_dir), out / "after", args.n, args.gsm8k_n, Path(args.gsm8k), args.seed)
+    evaluate(str(run_dir), out / "after", args.n, args.gsm8k_n, args.gsm8k, args.seed)
     run(["replrl", "plot", str(run_dir), "--out", str(out / "curves.png")])
     if args.trl:
         run([sys.executable, str(HERE / "trl_baseline.py"), "--task", "arithmetic", "--level", "1",

@@ -17,15 +17,13 @@ PANELS = [
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global backend switch (a notebook keeps its inline plots)
 
     rows = read_metrics(run_dir)
     if not rows:
         raise FileNotFoundError(f"no metrics in {run_dir} (expected {Path(run_dir) / 'metrics.jsonl'})")
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig = Figure(figsize=(15, 8))
+    axes = fig.subplots(2, 3)
     for ax, (name, keys) in zip(axes.flat, PANELS):
         keys = keys or sorted({k for r in rows for k in r if k.startswith("reward/")})
         for key in keys:
@@ -41,5 +39,4 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | No
     fig.tight_layout()
     out = Path(out) if out else Path(run_dir) / "curves.png"
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out
