@@ -17,6 +17,7 @@ from typing import Any
 
 from sandbox import KernelPool
 
+from .answers import checkable
 from .backends.base import Generator, GenSession
 from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession
 from .rewards import SYNTAX_ERRORS, RewardModel
@@ -131,6 +132,7 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                 line.rewards = rewards.score_line(line, traj)
                 repeats = repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
                 traj.lines.append(line)
+                # a submission is a call the kernel recorded (plain data, this line's own); printed text never is one
                 calls = [c for c in (result.tool_calls if result else []) if c.name == SUBMIT]
                 if calls:
                     args = calls[0].args or list(calls[0].kwargs.values())
@@ -157,7 +159,7 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
         gen.finish(i)
     if submitted:
         traj.answer = submitted[0]
-        traj.correct = bool(task.check(row, traj.answer))
+        traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
     traj.outcome_rewards = rewards.score_outcome(bool(submitted), traj.correct)
     traj.text = tokenizer.decode(traj.token_ids)
     traj.timing = {"generation_wait_s": gen_s, "execution_s": exec_s}

@@ -13,14 +13,27 @@ and the calls made to injected tools. Options ride in ``user_expressions``:
     {"op": "run", "mode": "single" | "exec"}       run ``code``
     {"op": "tools", "names": [...]}               define recording tool functions in the namespace
     {"op": "reap"}                                kill stray processes the code left behind
+
+What user code sees is a plain ``python -i`` of the same interpreter, not this process: ``sys.argv == ['']``,
+``sys.path`` and ``builtins`` as the interpreter had them before ipykernel was imported (debugpy adds ``execfile``
+and ``runfile``; the host's import directories, passed as ``import_path`` to find ipykernel, are taken out again).
+
+A tool call is recorded as plain data, made here, at call time (see ``_jsonable``): the host never receives an object
+of the code's making, so nothing the code defines (``__eq__``, ``__repr__``, ...) can run on the host or compare equal
+by accident. Only calls made while a line runs count, from its own thread or a thread it started; a call from a
+thread an earlier line left running, or from a forked child, is dropped.
 """
 
+import builtins
 import json
 import os
 import resource
 import sys
 
 _CFG = json.loads(os.environ.pop("REPLRL_SANDBOX", "{}"))
+_PLAIN_PATH = list(sys.path)  # the interpreter's own (no PYTHONPATH is set): what `python -i` shows
+_PLAIN_BUILTINS = dict(vars(builtins))
+sys.path.extend(p for p in _CFG.get("import_path", []) if p not in sys.path)  # where the host found ipykernel
 
 
 def _drop_privileges(uid, gid):
@@ -35,10 +48,12 @@ if _CFG.get("uid") is not None and os.getuid() == 0:
     _drop_privileges(_CFG["uid"], _CFG["gid"])
 
 import asyncio  # noqa: E402
-import builtins  # noqa: E402
 import code  # noqa: E402
 import io  # noqa: E402
+import math  # noqa: E402
+import reprlib  # noqa: E402
 import signal  # noqa: E402
+import threading  # noqa: E402
 
 from ipykernel.kernelapp import IPKernelApp  # noqa: E402
 from ipykernel.kernelbase import Kernel  # noqa: E402
@@ -112,23 +127,112 @@ class _Interpreter(code.InteractiveInterpreter):
         super().showtraceback()
 
 
-def _jsonable(value):
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else repr(value)
-    item = getattr(value, "item", None)  # numpy scalars
-    if callable(item) and type(value).__module__ == "numpy":
+MAX_CALLS = 16
+"""Tool calls recorded per line; later ones are dropped (the host reads the first ``submit``)."""
+MAX_ARGS = 8
+"""Arguments recorded per call (positional, then keyword); the rest are dropped."""
+MAX_STR = 1000
+"""Characters of a submitted string; a longer one is recorded as rejected."""
+MAX_INT_BITS = 3322
+"""A submitted int up to 1000 decimal digits is kept; a larger one is rejected (Python will not even print ints past
+4300 digits, so json could not encode it)."""
+MAX_CALLS_BYTES = 64_000
+"""JSON bytes of all the calls recorded for one line; calls past it are dropped."""
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 200
+_REPR.maxlevel = 3
+
+
+def _rejected(reason, value):
+    """The record of a value that is not plain data: a dict that no answer check reads as a number."""
+    if isinstance(value, int) and int.bit_length(value) > MAX_INT_BITS:
+        shown = f"<int of {int.bit_length(value)} bits>"  # repr() itself refuses past 4300 digits
+    else:
         try:
-            return _jsonable(item())
+            shown = _REPR.repr(value)[:MAX_STR]
         except Exception:
-            pass
-    if type(value).__name__ in ("Fraction", "Decimal"):
-        return str(value)
+            shown = "<unrepresentable>"
+    return {"rejected": reason, "repr": shown if isinstance(shown, str) else "<unrepresentable>"}
+
+
+def _jsonable(value, numpy_ok=True):
+    """A submitted value as plain JSON data, computed with the base types' own methods (never an override):
+
+    None, bool, int (up to 1000 digits), finite float and str (up to 1000 characters) as themselves, subclasses as
+    their base value (``class A(int)`` with a lying ``__eq__`` arrives as the int); Fraction and Decimal as their
+    ``str`` ("3/4", "2.50"); numpy scalars as the Python value of ``item()``. Anything else -- containers, objects
+    with ``__index__``/``__float__``/``__str__``, NaN and infinities, oversized ints and strings -- as
+    ``{"rejected": why, "repr": short repr}``.
+    """
+    if value is None or type(value) is bool:
+        return value
+    if isinstance(value, int):
+        if int.bit_length(value) > MAX_INT_BITS:
+            return _rejected("int longer than 1000 digits", value)
+        return int.__index__(value)
+    if isinstance(value, float):
+        number = float.__float__(value)
+        return number if math.isfinite(number) else _rejected("float is not finite", value)
+    if isinstance(value, str):
+        text = str.__str__(value)
+        return text if len(text) <= MAX_STR else _rejected(f"str longer than {MAX_STR} characters", text[:MAX_STR])
+    fractions, decimal, numpy = (sys.modules.get(m) for m in ("fractions", "decimal", "numpy"))
     try:
-        return repr(value)[:1000]
+        if fractions is not None and isinstance(value, fractions.Fraction):
+            num, den = (_jsonable(getattr(fractions.Fraction, a).fget(value)) for a in ("numerator", "denominator"))
+            if type(num) is not int or type(den) is not int:
+                return _rejected("Fraction with a part that is not an int of at most 1000 digits", value)
+            return str(num) if den == 1 else f"{num}/{den}"
+        if decimal is not None and isinstance(value, decimal.Decimal):
+            if not decimal.Decimal.is_finite(value):
+                return _rejected("Decimal is not finite", value)
+            return _jsonable(decimal.Decimal.__str__(value))
+        if numpy_ok and numpy is not None and isinstance(value, numpy.generic):
+            return _jsonable(numpy.generic.item(value), numpy_ok=False)
     except Exception:
-        return "<unrepresentable>"
+        pass
+    return _rejected(f"{type(value).__name__} is not a number or a string", value)
+
+
+def _record(name, args, kwargs):
+    """One call as plain data: at most MAX_ARGS values, each through ``_jsonable``."""
+    items = [(None, a) for a in args] + list(kwargs.items())
+    kept = items[:MAX_ARGS]
+    return {"name": name, "args": [_jsonable(v) for k, v in kept if k is None],
+            "kwargs": {str.__str__(k)[:100]: _jsonable(v) for k, v in kept if k is not None}}
+
+
+def _plain(value):
+    """Whether a recorded value is one ``_jsonable`` could have made."""
+    if value is None or type(value) is bool:
+        return True
+    if type(value) is int:
+        return int.bit_length(value) <= MAX_INT_BITS
+    if type(value) is str:
+        return len(value) <= MAX_STR
+    if type(value) is float:
+        return math.isfinite(value)
+    return (type(value) is dict and set(value) == {"rejected", "repr"}
+            and all(type(v) is str and len(v) <= MAX_STR for v in value.values()))
+
+
+def _checked_calls(calls):
+    """The calls of one line as they go into the reply: only well-formed plain records (the list is reachable from
+    user code, e.g. through the tool's closure), at most MAX_CALLS of them and MAX_CALLS_BYTES of JSON."""
+    out, size = [], 0
+    for call in calls[:MAX_CALLS]:
+        try:
+            ok = (type(call) is dict and set(call) == {"name", "args", "kwargs"} and type(call["name"]) is str
+                  and type(call["args"]) is list and type(call["kwargs"]) is dict
+                  and len(call["args"]) + len(call["kwargs"]) <= MAX_ARGS
+                  and all(map(_plain, call["args"])) and all(map(_plain, call["kwargs"].values()))
+                  and all(type(k) is str for k in call["kwargs"]))
+            size += len(json.dumps(call)) if ok else 0
+        except Exception:
+            ok = False
+        if ok and size <= MAX_CALLS_BYTES:
+            out.append(call)
+    return out
 
 
 class ReplKernel(Kernel):
@@ -150,7 +254,12 @@ class ReplKernel(Kernel):
         self.capture = _Capture(_CFG.get("max_output", 64_000))
         self.namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins}
         self.interp = _Interpreter(self.namespace)
-        self.calls = []
+        self.calls = None
+        """The calls of the line running now (None between lines); see ``_make_tool``."""
+        self._calls_lock = threading.Lock()
+        self._run_thread = None
+        self._older_threads = frozenset()
+        self._ran = False
         self._recursion_limit = None
         sys.stdin = io.StringIO("")  # input() fails at once with EOFError, as CPython's does without a stdin
         sys.displayhook = sys.__displayhook__
@@ -191,11 +300,17 @@ class ReplKernel(Kernel):
         sys.setrecursionlimit(self._recursion_limit)
 
     def _run(self, source, mode):
+        if not self._ran:
+            _look_like_python_i()
+            self._ran = True
         self._set_recursion_headroom()
         sys.stdout = sys.stderr = self.capture
         sys.stdin = io.StringIO("")
         self.interp.error_name = None
-        self.calls = []
+        with self._calls_lock:
+            self._run_thread = threading.get_ident()
+            self._older_threads = frozenset(sys._current_frames())  # threads alive before this line began
+            self.calls = []
         exited = interrupted = False
         more = False
         running_loop = asyncio.events._get_running_loop()
@@ -217,6 +332,8 @@ class ReplKernel(Kernel):
             except KeyboardInterrupt:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             asyncio.events._set_running_loop(running_loop)
+            with self._calls_lock:  # from here on, a call (from a thread still running) belongs to no line
+                calls, self.calls = self.calls, None
         if os.getpid() != self.pid:  # a fork of the kernel made by user code must not serve requests
             os._exit(0)
         output, truncated = self.capture.take()
@@ -226,7 +343,7 @@ class ReplKernel(Kernel):
         elif exited:
             error = "SystemExit"
         return {"output": output, "truncated": truncated, "error_name": error, "incomplete": bool(more),
-                "calls": self.calls}
+                "calls": _checked_calls(calls or [])}
 
     def _run_exec(self, source):
         try:
@@ -237,14 +354,29 @@ class ReplKernel(Kernel):
         self.interp.runcode(compiled)
 
     def _make_tool(self, name):
-        calls = self  # the list is replaced per run, so look it up at call time
+        kernel = self
 
         def tool(*args, **kwargs):
-            calls.calls.append({"name": name, "args": [_jsonable(a) for a in args],
-                                "kwargs": {k: _jsonable(v) for k, v in kwargs.items()}})
+            if kernel._may_record() is None:
+                return
+            record = _record(name, args, kwargs)  # plain data, made now: the objects may change or lie later
+            with kernel._calls_lock:
+                calls = kernel._may_record()
+                if calls is not None:
+                    calls.append(record)
 
         tool.__name__ = tool.__qualname__ = name
         return tool
+
+    def _may_record(self):
+        """The list a tool call made now belongs to, or None: no line is running, the line has made MAX_CALLS calls
+        already, or the caller is a forked child or a thread that an earlier line started (not this line's doing)."""
+        calls, me = self.calls, threading.get_ident()
+        if calls is None or len(calls) >= MAX_CALLS or os.getpid() != self.pid:
+            return None
+        if me != self._run_thread and me in self._older_threads:
+            return None
+        return calls
 
 
 def _reap_strays(me):
@@ -268,6 +400,18 @@ def main():
     sys.stdout = sys.stderr = app.kernel.capture
     _apply_limits(_CFG.get("rlimits", {}))
     app.start()
+
+
+def _look_like_python_i():
+    """Make what user code can see of the process match a plain ``python -i`` of this interpreter. Done just before
+    the first line runs: ipykernel imports debugpy (which adds builtins) as late as its first kernel_info_request."""
+    sys.argv = [""]
+    sys.orig_argv = [sys.orig_argv[0], "-i"]  # not `-c <this program> -f <connection file>`
+    sys.path[:] = _PLAIN_PATH
+    names = vars(builtins)
+    for added in [n for n in names if n not in _PLAIN_BUILTINS]:  # execfile, runfile (debugpy)
+        del names[added]
+    names.update(_PLAIN_BUILTINS)
 
 
 if __name__ == "__main__":

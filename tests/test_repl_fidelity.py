@@ -48,6 +48,7 @@ SESSIONS = {
     "continuation": ["x = (1 +", "     2)", "x", "s = 'a' \\", "    'b'", "s"],
     "async_and_match": ["import asyncio", "async def co():", "    return 5", "", "asyncio.run(co())",
                         "match 3:", "    case 3:", "        print('three')", ""],
+    "no_kernel_builtins": ["execfile('x.py')", "runfile('x.py')", "'execfile' in dir(__builtins__)"],  # debugpy's
 }
 
 REFERENCE = textwrap.dedent("""
@@ -120,3 +121,23 @@ def test_feed_rejects_newlines(pool):
                 await ReplSession(kernel).feed("a\nb")
 
     run_sync(go())
+
+
+PROCESS_PROBE = ("import builtins, json, sys; "
+                 "print(json.dumps([sys.argv, sys.orig_argv, sys.path, sorted(dir(builtins))]))")
+
+
+def test_the_process_looks_like_python_i(pool, tmp_path):
+    """sys.argv, sys.path and builtins are a plain `python -i`'s: not ipykernel's argv (`-c -f connection.json`), not
+    the host's sys.path (its PYTHONPATH, the checkout), not debugpy's execfile/runfile. The reference runs in a
+    directory of its own with HOME there, as the kernel does (so neither has a user site-packages)."""
+    with pool.acquire() as kernel:
+        ours = json.loads(kernel.execute(PROCESS_PROBE, mode="single").output)
+        assert kernel.execute("import os; os.environ.get('PYTHONPATH')", mode="single").output == ""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+    proc = subprocess.run([sys.executable, "-i"], input=PROCESS_PROBE + "\n", capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60)
+    argv, orig_argv, path, names = json.loads(proc.stdout)
+    assert argv == [""] and orig_argv == [sys.executable, "-i"] and path[0] == ""
+    assert ours == [argv, orig_argv, path, names]
+    assert "execfile" not in ours[3] and "runfile" not in ours[3]
