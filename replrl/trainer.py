@@ -28,10 +28,11 @@ from typing import Any
 import torch
 
 from sandbox import KernelPool, run_sync
+from sandbox.limits import hides_host_files
 
 from . import checkpoint
 from .advantages import batch_tensors, compute_advantages
-from .backends.hf import HFGenerator
+from .backends import Generator, load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_toml
@@ -45,9 +46,6 @@ from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sandbox forks; keep tokenizers quiet about it
-# One torch thread for generation on the CPU: the kernels need the other core, and two torch threads that wait on
-# each other's scheduling make small decode steps 3-40x slower on a busy 2-core machine (measured).
-GEN_THREADS = 1 if (os.cpu_count() or 1) <= 4 else None
 
 
 class RunDirError(ConfigError):
@@ -113,6 +111,10 @@ class Trainer:
         self.accelerator = Accelerator(cpu=cpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and not cpu
                                        else "no")
         self.task = task_from_config(cfg)
+        if getattr(self.task, "data", None) and not hides_host_files(self.isolation):
+            log.warning("sandbox isolation %r has no filesystem view: the model's code can read the dataset %s "
+                        "(and its answers); install bubblewrap for the allowlisted view", self.isolation,
+                        self.task.data)
         self.train_rows = split_rows(self.task, cfg.task.train_split, cfg.task.limit)
         model, self.tokenizer = load_policy(cfg.model, seed=cfg.run.seed,
                                             checkpoint=checkpoint.latest(self.run_dir) if resume else None)
@@ -124,8 +126,8 @@ class Trainer:
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
-        self.generator = HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer,
-                                     device=self.accelerator.device, num_threads=GEN_THREADS)
+        self.generator = load_generator(cfg.model.backend, self.accelerator.unwrap_model(self.model), self.tokenizer,
+                                        device=self.accelerator.device)
         self.rewards = RewardModel(cfg.rewards.weights)
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.pad_id = self.generator.pad_id
@@ -199,7 +201,7 @@ class Trainer:
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
             if cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # the untrained model, same problems
-                self.evals["before"] = self.evaluate(pool)
+                self.evals["before"] = self.evaluate(pool, desc="eval before training")
                 self.metrics.write(0, {f"eval/{k}": v for k, v in self.evals["before"].items()})
             while self.step < cfg.run.max_steps and not self._stop:
                 result = self.train_step(pool)
@@ -219,8 +221,9 @@ class Trainer:
                     break
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
-            if cfg.run.eval_n and self.step and not self._stop and not (cfg.run.eval_every and self.step % cfg.run.eval_every == 0):
-                self.evals["after"] = self.evaluate(pool)
+            evaluated_now = cfg.run.eval_every and self.step % cfg.run.eval_every == 0
+            if cfg.run.eval_n and self.step and not self._stop and not evaluated_now:
+                self.evals["after"] = self.evaluate(pool, desc="eval after training")
                 self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
         finally:
             bar.close()
@@ -274,6 +277,8 @@ class Trainer:
         # 5. loss and optimizer step(s)
         t_update = time.perf_counter()
         metrics.update(self.update(batch, adv))
+        # 5b. publish the new weights to the sampler (vLLM: copied in memory, prefix cache dropped; HF: nothing)
+        self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
         self.scheduler.step()
         self.step += 1
         # 6. log (evaluation and checkpoints are decided in train())
@@ -362,9 +367,13 @@ class Trainer:
         return out
 
     # -- evaluation and checkpoints --------------------------------------------------------------------------
-    def evaluate(self, pool: KernelPool, n: int | None = None) -> dict[str, float]:
+    def evaluate(self, pool: KernelPool, n: int | None = None, desc: str = "eval") -> dict[str, float]:
         """Accuracy and per-line statistics on the held-out split (same sampling code as training)."""
-        return evaluate(self.generator, pool, self.task, self.cfg, n or self.cfg.run.eval_n)
+        from tqdm.auto import tqdm
+
+        n = n or self.cfg.run.eval_n
+        with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
+            return evaluate(self.generator, pool, self.task, self.cfg, n, progress=bar)
 
     def save(self) -> Path:
         model = self.accelerator.unwrap_model(self.model)
@@ -373,7 +382,7 @@ class Trainer:
                                {"data_position": self.problems.position}, keep=self.cfg.run.keep_checkpoints)
 
 
-def evaluate(generator: HFGenerator, pool: KernelPool, task: Any, cfg: Config, n: int,
+def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,
              samples_per_problem: int = 1, progress: Any = None) -> dict[str, float]:
     """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...)."""
     rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
