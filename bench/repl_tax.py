@@ -29,12 +29,11 @@ import time
 import torch
 from packed_step import packed_ms  # bench/, next to this script
 
-from replrl.backends.hf import HFGenerator
+from replrl.backends.hf import GEN_THREADS, HFGenerator
 from replrl.cli import run_script
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
 from replrl.rollout import build_prompt, code_of, encode, env_token_ids
-from replrl.trainer import GEN_THREADS
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from replrl.advantages import batch_tensors, compute_advantages
-from replrl.backends.hf import HFGenerator
+from replrl.backends import load_generator
 from replrl.backends.sampling import newline_banned_mask
 from replrl.cli import run_script
 from replrl.config import Config
@@ -66,7 +66,7 @@ def main() -> None:
     try:
         rows = [(i, task.rows("test")[i]) for i in range(args.episodes // 4)]
         rules = EpisodeRules.from_config(Config().rollout)
-        trajs, _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows,
+        trajs, _ = run_sync(rollout(load_generator("hf", model, tokenizer), pool, task, rows,
                                     RewardModel(Config().rewards.weights), sampling, rules, group_size=4))
     finally:
         run_sync(pool.close())

@@ -93,10 +93,10 @@ def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None
 
 def _policy(model: ModelSource, cfg: Config | None) -> tuple[Any, Any, Config]:
     """(generator, task, config) for a Trainer, a run directory or a model spec."""
-    from .backends.hf import HFGenerator
+    from .backends import load_generator
     from .cli_rollout import model_spec_and_config
     from .policy import load_policy
-    from .trainer import GEN_THREADS, task_from_config
+    from .trainer import task_from_config
 
     if isinstance(model, Trainer):
         cfg = cfg or model.cfg
@@ -109,7 +109,7 @@ def _policy(model: ModelSource, cfg: Config | None) -> tuple[Any, Any, Config]:
     if saved.exists():
         cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
     policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    return HFGenerator(policy, tokenizer, num_threads=GEN_THREADS), task_from_config(cfg), cfg
+    return load_generator(cfg.model.backend, policy, tokenizer), task_from_config(cfg), cfg
 
 
 @contextlib.contextmanager

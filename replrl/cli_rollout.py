@@ -58,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
 
     from sandbox import KernelPool, run_sync
 
-    from .backends.hf import HFGenerator
+    from .backends import load_generator
     from .policy import load_policy
     from .rewards import RewardModel
     from .rollout import EpisodeRules, rollout, summarize
-    from .trainer import GEN_THREADS, task_from_config
+    from .trainer import task_from_config
 
     cfg = config_from_args(args)
     if args.n < 1 or args.group_size < 1:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
     cfg.model.name = model_spec_and_config(cfg.model.name, cfg)
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    generator = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
+    generator = load_generator(cfg.model.backend, model, tokenizer)
     rules = EpisodeRules.from_config(cfg.rollout)
     bar = tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr)
 

@@ -95,10 +95,10 @@ def run_train(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from sandbox import KernelPool, run_sync
 
-    from .backends.hf import HFGenerator
+    from .backends import load_generator
     from .cli_rollout import format_summary, model_spec_and_config
     from .policy import load_policy
-    from .trainer import GEN_THREADS, evaluate, task_from_config
+    from .trainer import evaluate, task_from_config
 
     overrides = overrides_from_args(args)
     run_cfg = Path(args.model) / "config.toml"
@@ -119,7 +119,7 @@ def run_eval(args: argparse.Namespace) -> int:
                                tools=task.tools).start())
     try:
         with tqdm(total=args.n * args.samples, desc="eval", unit="episode", file=sys.stderr) as bar:
-            generator = HFGenerator(model, tokenizer, num_threads=GEN_THREADS)
+            generator = load_generator(cfg.model.backend, model, tokenizer)
             summary = evaluate(generator, pool, task, cfg, args.n, args.samples, progress=bar)
     finally:
         run_sync(pool.close())

@@ -26,9 +26,14 @@ class ModelConfig:
     """Wrap the task header in the tokenizer's chat template when it has one (else plain text)."""
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank (needs peft) instead of all weights."""
+    backend: str = "hf"
+    """Generation backend: hf (transformers, samples from the training module itself), vllm (vLLM's engine beside
+    it, weights copied in after every optimizer step; needs the vllm extra, see the README) or auto (vllm when it
+    imports, else hf)."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        check_choice("model.backend", self.backend, ("hf", "vllm", "auto"))
         if self.lora_rank < 0:
             raise ConfigError("model.lora_rank must be >= 0")
 

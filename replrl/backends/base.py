@@ -42,7 +42,14 @@ class Generator(Protocol):
 
     tokenizer: Any
     """A Hugging Face tokenizer: the ids it produces are the ids sessions take and return."""
+    pad_id: int
+    """Id that pads batches of trajectories (never attended to, never scored)."""
 
     def session(self, prompts: list[list[int]], sampling: SamplingParams) -> GenSession:
         """A session with one row per prompt (token ids, non-empty), all sampled with ``sampling``."""
+        ...
+
+    def sync_weights(self, model: Any) -> None:
+        """Publish ``model``'s current weights to the sampler (after each optimizer step, between rollouts), and drop
+        anything computed with the old ones (a prefix cache). HF: nothing to do, it samples from ``model`` itself."""
         ...

@@ -17,6 +17,7 @@ executing it; the next step waits a moment for it (at most ``join_wait_frac`` of
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,11 @@ import torch
 from replrl.backends.attention import PackedKV, Segment, packed_attention
 from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, sample, sampling_logprobs, token_masks
 from replrl.types import LineSample, SamplingParams
+
+GEN_THREADS = 1 if (os.cpu_count() or 1) <= 4 else None
+"""Default torch threads of the generation worker: one on a small CPU, where the sandbox kernels need the other
+cores and two torch threads that wait on each other's scheduling make small decode steps 3-40x slower (measured on
+a busy 2-core machine); None (torch's default) elsewhere."""
 
 
 class _Batch:
@@ -309,8 +315,8 @@ class HFGenerator:
     one; long interpreter outputs are prefilled in chunks), ``max_prefill_tokens`` the first step's, which prefills
     the prompts. ``join_wait_frac`` and ``join_wait_max_s`` bound how long a step waits for rows executing their
     line (see the module docstring; 0 never waits). ``num_threads`` sets torch's intra-op threads of the worker
-    thread only (None: torch's default); on a small CPU shared with busy processes (sandbox kernels), 1 avoids the
-    stalls of a multi-threaded forward whose threads wait on each other.
+    thread only (default ``GEN_THREADS``; None: torch's default); on a small CPU shared with busy processes (sandbox
+    kernels), 1 avoids the stalls of a multi-threaded forward whose threads wait on each other.
     """
 
     def __init__(
@@ -320,7 +326,7 @@ class HFGenerator:
         device: str | torch.device | None = None,
         max_step_tokens: int = 1024,
         max_prefill_tokens: int = 8192,
-        num_threads: int | None = None,
+        num_threads: int | None = GEN_THREADS,
         join_wait_frac: float = 0.25,
         join_wait_max_s: float = 0.05,
     ):
@@ -365,3 +371,9 @@ class HFGenerator:
         """Open a session: one row per prompt. Puts the model in eval mode (no dropout while sampling)."""
         self.model.eval()
         return HFSession(self, prompts, sampling)
+
+    def sync_weights(self, model: Any) -> None:
+        """Nothing to copy: sessions sample from the module itself, and its cache lives only as long as a session.
+        A different module than the one given at construction is sampled from from now on."""
+        if model is not self.model:
+            self.model = model.to(self.device)

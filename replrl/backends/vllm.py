@@ -1,0 +1,392 @@
+"""Generation with vLLM: every line is one request to vLLM's async engine, over the row's whole transcript.
+
+A row's ``next_line`` sends its token ids so far (prompt, lines, interpreter output) as one request; with automatic
+prefix caching the engine re-reads none of the part it has seen, so the request costs what its new tokens cost.
+Rows are independent requests: no row waits for another, and the engine batches whatever is waiting.
+
+The distribution sampled from is ``replrl.backends.sampling.sampling_logprobs``'s, inside vLLM:
+
+- the line rule and prompt healing's line-start mask are a vLLM logits processor (``LineRuleLogitsProcessor``),
+  given the same masks the trainer uses (``token_masks``, written next to the engine's config); the first token
+  of every request is a line's first token;
+- temperature, then top-k / top-p, are vLLM's own; the engine runs with ``logprobs_mode="processed_logprobs"``,
+  so the log-prob returned for a sampled token is that of the distribution it was drawn from (masks, temperature
+  and truncation applied), which the trainer recomputes;
+- the line ends at the first token whose text ends with a newline (``stop_token_ids``), kept whole with its
+  log-prob: the ids are the truth, no text is cut or re-encoded.
+
+Weights: the engine starts from the model's config with placeholder weights (``load_format="dummy"``) and
+``sync_weights(model)`` copies the module's weights in memory (a worker extension calls vLLM's ``load_weights``;
+LoRA adapters are merged for the copy), then resets the prefix cache, so no KV computed by the old weights is
+reused. The trainer calls it after every optimizer step.
+
+The engine lives on its own event loop thread (sessions may be driven from any loop, e.g. ``asyncio.run`` in a
+test or the sandbox's loop thread); on the CPU vLLM starts its engine and worker as spawned processes, so a
+script that creates a VLLMGenerator needs the ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs every request at INFO
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+try:
+    import vllm
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+    from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+except Exception as e:  # not installed, or installed against another torch (e.g. torchvision operators missing)
+    raise ImportError(f"vllm does not import: {type(e).__name__}: {e}") from e
+
+from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, token_masks  # noqa: E402
+from replrl.types import LineSample, SamplingParams  # noqa: E402
+
+_T = TypeVar("_T")
+
+LINE_RULE_KEY = "replrl_line_rule"
+"""``SamplingParams.extra_args`` key: the request is one line (the line rule and line-start mask apply)."""
+MASKS_FILE = "replrl_token_masks.pt"
+"""The sampler's masks, written next to the engine's config for the logits processor to load."""
+
+
+class LineRuleLogitsProcessor(LogitsProcessor):
+    """The line rule and prompt healing inside vLLM (runs in the engine's worker process).
+
+    For every request that opted in (``extra_args[LINE_RULE_KEY]``): its first sampled token (no output yet) is a
+    line's first, masked with ``TokenMasks.line_start``; every later one with ``TokenMasks.anywhere``. Applied
+    before temperature and truncation, like the ``banned`` argument of ``sampling_logprobs`` (a removed token
+    stays removed under both).
+    """
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
+        masks = torch.load(Path(vllm_config.model_config.model) / MASKS_FILE)
+        vocab = vllm_config.model_config.get_vocab_size()
+        if masks["anywhere"].shape[0] != vocab:
+            raise ValueError(f"replrl masks cover {masks['anywhere'].shape[0]} ids, the model's logits {vocab}")
+        self.masks = TokenMasks(masks["anywhere"].to(device), masks["line_start"].to(device))
+        self.outputs: dict[int, list[int]] = {}
+        """Batch index -> the request's output ids (vLLM's live list): empty while sampling a line's first token."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # removing tokens can change the most likely one
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.outputs, batch_update,
+                             lambda params, _, out: out if (params.extra_args or {}).get(LINE_RULE_KEY) else None)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.outputs:
+            return logits
+        rows = torch.tensor(list(self.outputs), device=logits.device)                         # [R]
+        is_start = torch.tensor([not out for out in self.outputs.values()], device=logits.device)  # [R]
+        banned = self.masks.at(is_start)                                                      # [R, V]
+        logits[rows] = logits[rows].masked_fill(banned, float("-inf"))                        # [R, V]
+        return logits
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker (``worker_extension_cls``): weight updates by ``collective_rpc``.
+
+    The weights travel as one bytes buffer and a table of (name, dtype, shape, offset): vLLM's RPC serializer
+    keeps bytes as they are, where tensors in untyped arguments would arrive as lists.
+    """
+
+    def replrl_load_weights(self, table: list[tuple[str, str, list[int], int]], buffer: bytes) -> int:
+        """Copy named weights (Hugging Face names, as in a checkpoint) into the worker's model; returns how many."""
+        flat = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)                   # [bytes]
+        # vLLM's in-place reload: checkpoint-format weights through each layer's loader, then the layer's
+        # post-processing again (e.g. the CPU's repacked linear weights)
+        self.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=[(name, _unflatten(flat, dtype, shape, offset)) for name, dtype, shape, offset in table]
+        )
+        return len(table)
+
+
+def _unflatten(flat: torch.Tensor, dtype: str, shape: list[int], offset: int) -> torch.Tensor:
+    dt = getattr(torch, dtype)
+    n = torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+    return flat[offset:offset + n].view(dt).view(shape)
+
+
+def pack_weights(named: list[tuple[str, torch.Tensor]]) -> tuple[list[tuple[str, str, list[int], int]], bytes]:
+    """(table, buffer) of named tensors for ``WeightSyncExtension.replrl_load_weights`` (copied to the CPU)."""
+    table, parts, offset = [], [], 0
+    for name, t in named:
+        raw = t.detach().contiguous().view(-1).view(torch.uint8).cpu()               # [bytes]
+        table.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), offset))
+        pad = -raw.numel() % 8                                                        # keep every offset aligned
+        parts += [raw, torch.zeros(pad, dtype=torch.uint8)]
+        offset += raw.numel() + pad
+    return table, (torch.cat(parts).numpy().tobytes() if parts else b"")
+
+
+def hf_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) of a transformers model's weights, as its ``save_pretrained`` would name them.
+
+    A peft model yields its base model's weights with the adapters merged in: call it inside ``merged(model)``.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name, tensor in base.state_dict().items():
+        if "lora_" not in name:  # adapter weights: already merged into the base layers
+            yield name.replace(".base_layer.", "."), tensor
+
+
+class merged:  # noqa: N801  (a context manager named for what it does)
+    """``with merged(model):`` a peft model's adapters are merged into its weights, and unmerged after."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.peft = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
+
+    def __enter__(self) -> Any:
+        if self.peft:
+            self.model.merge_adapter()
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.peft:
+            self.model.unmerge_adapter()
+
+
+class _LoopThread:
+    """A private event loop on a daemon thread: the engine's home."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="replrl-vllm", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop (e.g. the engine's output handler), then stop the thread."""
+        if self.loop.is_running():
+            try:
+                self.call(_cancel_others(), timeout=10)
+            except Exception:  # a loop that cannot answer is stopped all the same
+                pass
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+async def _cancel_others() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class _Row:
+    ids: list[int]
+    """The row's transcript so far (prompt, sampled lines, environment tokens)."""
+    lines: int = 0
+    future: Any = None
+    """The in-flight request (a concurrent.futures.Future on the engine's loop)."""
+    finished: bool = False
+
+
+class VLLMSession:
+    """A GenSession over a VLLMGenerator's engine (see the module docstring)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, gen: VLLMGenerator, prompts: list[list[int]], sampling: SamplingParams):
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("VLLMSession needs at least one prompt, and every prompt needs at least one token")
+        self._gen, self.sampling = gen, sampling
+        self._rows = [_Row(list(p)) for p in prompts]
+        self._name = f"replrl-{os.getpid()}-{next(self._ids)}"
+        self._closed = False
+        self.stats = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "sampled_tokens": 0}
+        """Counters: line requests, prompt tokens sent with them, of which found in the prefix cache, tokens
+        sampled."""
+
+    def _params(self, i: int, line: int, room: int) -> vllm.SamplingParams:
+        s = self.sampling
+        seed = None if s.seed is None else ((s.seed * 1_000_003 + i) * 1_000_033 + line) % (2**63)
+        return vllm.SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
+            max_tokens=max(1, min(s.max_line_tokens, room)), logprobs=0, detokenize=False,
+            stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.FINAL_ONLY,
+            logit_bias=self._gen.logit_bias, extra_args={LINE_RULE_KEY: True},
+        )
+
+    async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
+        if self._closed:
+            raise RuntimeError("session is closed")
+        row = self._rows[i]
+        if row.finished:
+            raise ValueError(f"row {i} is finished")
+        if row.future is not None:
+            raise RuntimeError(f"row {i} already has a pending next_line request")
+        row.ids.extend(env_ids)
+        room = self._gen.max_model_len - len(row.ids)
+        params = self._params(i, row.lines, room)
+        row.future = self._gen._loop.submit(self._gen._line(list(row.ids), params, f"{self._name}-{i}-{row.lines}"))
+        try:
+            sample, prompt, cached = await asyncio.wrap_future(row.future)
+        except asyncio.CancelledError:
+            if self._closed:
+                raise RuntimeError("session closed") from None
+            raise
+        finally:
+            row.future = None
+        row.ids.extend(sample.token_ids)
+        row.lines += 1
+        self.stats["requests"] += 1
+        self.stats["prompt_tokens"] += prompt
+        self.stats["cached_tokens"] += cached
+        self.stats["sampled_tokens"] += len(sample.token_ids)
+        return sample
+
+    def finish(self, i: int) -> None:
+        row = self._rows[i]
+        row.finished = True
+        if row.future is not None:
+            row.future.cancel()  # aborts the request in the engine
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for row in self._rows:
+            if row.future is not None:
+                row.future.cancel()
+
+
+class VLLMGenerator:
+    """Generator over vLLM's async engine, started from a transformers model (see the module docstring).
+
+    ``model`` is the policy module (its config and dtype define the engine's model; its weights are copied in by
+    ``sync_weights``). ``kv_cache_gib`` bounds the KV cache on the CPU (default 2 GiB); on a GPU the engine takes
+    ``gpu_memory_utilization`` of its memory (weights and KV cache; the trainer holds its own copy beside it).
+    ``max_model_len`` bounds prompt plus line (default: the model's). ``logit_bias`` (id -> value) is added to the
+    logits before everything else, as an output-layer bias would be (tests use it to make tiny random models end
+    lines). ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str | torch.device | None = None,
+        kv_cache_gib: float | None = None,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
+        logit_bias: dict[int, float] | None = None,
+        seed: int = 0,
+        engine_args: dict[str, Any] | None = None,
+    ):
+        self.tokenizer = tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self.logit_bias = dict(logit_bias) if logit_bias else None
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = base.config
+        generation_config = getattr(base, "generation_config", None)
+        self.eos = eos_ids(tokenizer, generation_config)
+        self.line_end = line_end_ids(tokenizer)
+        self.stop_ids = sorted(self.line_end | self.eos)
+        vocab = base.get_output_embeddings().weight.shape[0]
+        cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+
+        self._dir = Path(tempfile.mkdtemp(prefix="replrl-vllm-"))
+        config.save_pretrained(self._dir)
+        if generation_config is not None:
+            generation_config.save_pretrained(self._dir)
+        tokenizer.save_pretrained(self._dir)
+        masks = token_masks(tokenizer, vocab)
+        torch.save({"anywhere": masks.anywhere, "line_start": masks.line_start}, self._dir / MASKS_FILE)
+
+        dtype = str(next(base.parameters()).dtype).removeprefix("torch.")
+        args: dict[str, Any] = dict(
+            model=str(self._dir), tokenizer=str(self._dir), load_format="dummy", dtype=dtype, seed=seed,
+            enable_prefix_caching=True, logprobs_mode="processed_logprobs", max_logprobs=0,
+            logits_processors=[LineRuleLogitsProcessor],
+            worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
+            max_model_len=max_model_len, disable_log_stats=True,
+        )
+        if cuda:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            args["kv_cache_memory_bytes"] = int((kv_cache_gib or 2.0) * 2**30)
+            # the smallest block the CPU attention takes: a line's request recomputes the partial last block of
+            # its transcript (the prefix cache holds full blocks only), so smaller blocks re-read less
+            args["block_size"] = 32
+        args.update(engine_args or {})
+        self._loop = _LoopThread()
+        self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)
+        self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args)))
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir)
+        self.max_model_len = self.engine.model_config.max_model_len
+        self.sync_weights(model)
+
+    def session(self, prompts: list[list[int]], sampling: SamplingParams) -> VLLMSession:
+        """Open a session: one row per prompt."""
+        return VLLMSession(self, prompts, sampling)
+
+    def sync_weights(self, model: Any) -> None:
+        """Copy ``model``'s weights into the engine (in memory: one buffer through vLLM's RPC, loaded by its in-place
+        reload) and drop the prefix cache computed with the old ones. Call it between rollouts (no request in
+        flight)."""
+        with merged(model), torch.no_grad():
+            args = pack_weights(list(hf_weights(model)))
+            self._loop.call(self.engine.collective_rpc("replrl_load_weights", args=args))
+        if not self._loop.call(self.engine.reset_prefix_cache()):
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+
+    def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine on the engine's event loop and wait for it (for direct use of ``self.engine``)."""
+        return self._loop.call(coro)
+
+    def close(self) -> None:
+        """Shut the engine down (its processes exit) and remove its config directory."""
+        self._finalizer()
+
+    async def _line(self, ids: list[int], params: vllm.SamplingParams, request_id: str
+                    ) -> tuple[LineSample, int, int]:
+        """On the engine's loop: one line for a transcript -> (line, prompt tokens, of which cached)."""
+        final = None
+        async for out in self.engine.generate(vllm.TokensPrompt(prompt_token_ids=ids), params,
+                                              request_id=request_id):
+            final = out
+        completion = final.outputs[0]
+        tokens = list(completion.token_ids)
+        logprobs = [step[t].logprob for step, t in zip(completion.logprobs, tokens, strict=True)]
+        last = tokens[-1]
+        finish = "eos" if last in self.eos else ("newline" if last in self.line_end else "length")
+        return LineSample(tokens, logprobs, finish), len(ids), final.num_cached_tokens or 0
+
+
+async def _start(args: AsyncEngineArgs) -> AsyncLLM:
+    return AsyncLLM.from_engine_args(args)
+
+
+def _shutdown(engine: AsyncLLM | None, loop: _LoopThread, directory: Path) -> None:
+    if engine is not None:
+        try:
+            engine.shutdown()
+        except Exception:  # already gone: nothing left to release
+            pass
+    loop.stop()
+    shutil.rmtree(directory, ignore_errors=True)
