@@ -33,6 +33,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
@@ -349,11 +350,14 @@ class VLLMGenerator:
         """Copy ``model``'s weights into the engine (in memory: one buffer through vLLM's RPC, loaded by its in-place
         reload) and drop the prefix cache computed with the old ones. Call it between rollouts (no request in
         flight)."""
+        t0 = time.perf_counter()
         with merged(model), torch.no_grad():
             args = pack_weights(list(hf_weights(model)))
             self._loop.call(self.engine.collective_rpc("replrl_load_weights", args=args))
         if not self._loop.call(self.engine.reset_prefix_cache()):
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+        self.last_sync_s = time.perf_counter() - t0
+        """Seconds the last ``sync_weights`` took."""
 
     def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on the engine's event loop and wait for it (for direct use of ``self.engine``)."""

@@ -1,0 +1,285 @@
+"""The vLLM backend held to the HF backend's tests: token-exact log-probs, the line rule, finishes, determinism,
+independent rows; and weight updates in memory (a probe's log-probs after an optimizer step are the new model's).
+
+Real vLLM engine (the CPU build runs these in CI, in a second environment: .ci/vllm_env.sh), real tokenizer, tiny
+Llama models built here (head_dim 64: vLLM's CPU attention has no kernel for smaller heads). One engine serves
+every tiny-model test: ``sync_weights`` loads each test's model, and ``logit_bias`` plays the role of the HF tests'
+biased output layer (vLLM adds it to the logits before the masks and temperature, as the bias would be).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+
+vllm_backend = pytest.importorskip(
+    "replrl.backends.vllm", reason="vllm is not importable here (CPU: bash .ci/vllm_env.sh runs these tests)",
+    exc_type=ImportError,
+)
+
+import torch  # noqa: E402
+
+from replrl.backends.base import Generator  # noqa: E402
+from replrl.backends.sampling import token_masks  # noqa: E402
+from replrl.loss import token_logprobs  # noqa: E402
+from replrl.models import tiny_model  # noqa: E402
+from replrl.types import LineSample, SamplingParams  # noqa: E402
+from tests.helpers_models import smollm2, smollm2_tokenizer, with_logit_bias  # noqa: E402
+from tests.test_backend_hf import (  # noqa: E402
+    assert_line_rule,
+    ids_of,
+    one_id,
+    recomputed_logprobs,
+    run_episodes,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def gen(tok):
+    g = vllm_backend.VLLMGenerator(tiny_model(tok, head_dim=64), tok, max_model_len=1024, kv_cache_gib=0.5)
+    yield g
+    g.close()
+
+
+def use_model(gen, tok, bias_text: dict[str, float], seed: int = 0):
+    """Load a tiny model (seeded) into the engine with a logit bias; returns the HF model the trainer would score
+    with (same weights, the bias as an output-layer bias)."""
+    model = tiny_model(tok, seed=seed, head_dim=64)
+    gen.sync_weights(model)
+    bias = {one_id(tok, t): b for t, b in bias_text.items()}
+    gen.logit_bias = bias or None
+    return with_logit_bias(model, bias)
+
+
+def test_auto_picks_vllm_where_it_imports():
+    from replrl.backends import backend_class
+
+    assert backend_class("auto") is backend_class("vllm") is vllm_backend.VLLMGenerator
+
+
+CASES = {
+    "plain": SamplingParams(seed=1, max_line_tokens=12),
+    "truncated": SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=2, max_line_tokens=12),
+    "hot": SamplingParams(temperature=1.3, seed=3, max_line_tokens=12),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_token_exact(gen, tok, case):
+    params = CASES[case]
+    model = use_model(gen, tok, {"\n": 9.0, "<|im_end|>": 6.5, " x": 8.0})
+    assert isinstance(gen, Generator)
+    prompts = [ids_of(tok, f"Task {i}: add {'1 + ' * i}1\n>>> ") for i in range(6)]
+    n_lines = [2, 6, 3, 5, 1, 4]
+    outputs = ["42\n>>> ", "Traceback (most recent call last):\n  File \"<stdin>\", line 1\n>>> ", "... "]
+    session = gen.session(prompts, params)
+    episodes = asyncio.run(
+        run_episodes(session, prompts, n_lines, lambda i, k: ids_of(tok, outputs[(i + k) % len(outputs)]))
+    )
+    masks = token_masks(tok, len(tok))
+    assert "newline" in {line.finish for ep in episodes for line in ep.lines}
+    for ep in episodes:
+        assert_line_rule(tok, ep)
+        assert len(ep.logprobs) == len(ep.sampled_at) > 0
+        recomputed = recomputed_logprobs(model, ep, params, masks)
+        assert torch.allclose(torch.tensor(recomputed), torch.tensor(ep.logprobs), atol=1e-4), case
+    # every line after a row's first re-reads its transcript from the prefix cache
+    assert session.stats["cached_tokens"] > 0 and session.stats["requests"] == sum(len(e.lines) for e in episodes)
+
+
+def test_newline_inside_token_never_sampled(gen, tok):
+    inner = ["\n    ", "\n\n", "\n\t", "\n        "]
+    use_model(gen, tok, {**{t: 30.0 for t in inner}, "\n": 9.0})  # without the rule: nearly all the mass
+    prompts = [ids_of(tok, f"def f{i}(x):\n") for i in range(4)]
+    session = gen.session(prompts, SamplingParams(seed=5, max_line_tokens=8))
+    episodes = asyncio.run(run_episodes(session, prompts, [6] * 4, lambda i, k: ids_of(tok, "... ")))
+    inner_ids = {one_id(tok, t) for t in inner}
+    sampled = [t for ep in episodes for line in ep.lines for t in line.token_ids]
+    assert len(sampled) > 20 and not inner_ids & set(sampled)
+    assert any(line.finish == "newline" for ep in episodes for line in ep.lines)
+    for ep in episodes:
+        assert_line_rule(tok, ep)
+
+
+def test_seeded_determinism(gen, tok):
+    use_model(gen, tok, {"\n": 9.0})
+    prompts = [ids_of(tok, f">>> x = {i}\n>>> ") for i in range(3)]
+    env = lambda i, k: ids_of(tok, ">>>")  # noqa: E731
+
+    def lines(seed: int, rows: int) -> list[list[int]]:
+        params = SamplingParams(seed=seed, max_line_tokens=10)
+        eps = asyncio.run(run_episodes(gen.session(prompts[:rows], params), prompts[:rows], [3] * rows, env))
+        return [ep.ids for ep in eps]
+
+    first = lines(7, 3)
+    assert lines(7, 3) == first
+    assert lines(8, 3) != first
+    assert lines(7, 1) == first[:1]  # a row's samples do not depend on which rows share its steps
+
+
+def test_eos_and_length(gen, tok):
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    endoftext = tok.convert_tokens_to_ids("<|endoftext|>")
+    x, space_x = one_id(tok, "x"), one_id(tok, " x")
+
+    async def first_lines(params, rows=2, calls=1):
+        session = gen.session([ids_of(tok, ">>>")] * rows, params)
+        out = [[await session.next_line(i, []) for _ in range(calls)] for i in range(rows)]
+        await session.aclose()
+        return out
+
+    for token_id in (eos, endoftext):
+        use_model(gen, tok, {})
+        gen.logit_bias = {token_id: 40.0}
+        for (line,) in asyncio.run(first_lines(SamplingParams(seed=0))):
+            assert line.finish == "eos" and line.token_ids == [token_id] and line.logprobs[0] > -1e-3
+
+    use_model(gen, tok, {})
+    gen.logit_bias = {x: 40.0, space_x: 20.0}  # " x" only where "x" may not start a line
+    for row in asyncio.run(first_lines(SamplingParams(seed=0, max_line_tokens=5), calls=2)):
+        for line in row:  # a "length" line may be followed by another request
+            assert line.finish == "length" and line.token_ids == [space_x] + [x] * 4 and len(line.logprobs) == 5
+
+
+def test_rows_generate_while_one_row_executes(gen, tok):
+    """Row 0's line is 'executing' until rows 1 and 2 have each finished three lines: no row waits for another."""
+    use_model(gen, tok, {"\n": 9.0})
+
+    async def main():
+        session = gen.session([ids_of(tok, ">>>")] * 3, SamplingParams(seed=0, max_line_tokens=6))
+        others_done = asyncio.Event()
+        done = 0
+
+        async def slow_row():
+            await session.next_line(0, [])
+            await others_done.wait()  # executing a long line
+            return await session.next_line(0, ids_of(tok, ">>>"))
+
+        async def fast_row(i):
+            nonlocal done
+            env: list[int] = []
+            for _ in range(3):
+                await session.next_line(i, env)
+                env = ids_of(tok, "1\n>>> ")
+            done += 1
+            if done == 2:
+                others_done.set()
+
+        results = await asyncio.wait_for(asyncio.gather(slow_row(), fast_row(1), fast_row(2)), timeout=120)
+        await session.aclose()
+        return results
+
+    assert isinstance(asyncio.run(main())[0], LineSample)
+
+
+def test_session_errors_and_close(gen, tok):
+    use_model(gen, tok, {})
+    gen.logit_bias = {one_id(tok, "x"): 40.0}
+    with pytest.raises(ValueError):
+        gen.session([[]], SamplingParams())
+
+    async def main():
+        session = gen.session([ids_of(tok, ">>>")] * 2, SamplingParams(max_line_tokens=96))
+        await session.next_line(0, [])
+        session.finish(0)
+        with pytest.raises(ValueError):
+            await session.next_line(0, [])
+        pending = asyncio.create_task(session.next_line(1, []))
+        await asyncio.sleep(0)
+        await session.aclose()  # the 96-token line of row 1 is not done yet
+        with pytest.raises(RuntimeError):
+            await pending
+        with pytest.raises(RuntimeError):
+            await session.next_line(1, [])
+
+    asyncio.run(main())
+
+
+def probe_logprobs(gen, tok, prompt: list[int], params: SamplingParams) -> tuple[list[int], list[float], int]:
+    """One line on ``prompt``: (sampled ids, engine log-probs, prompt tokens found in the prefix cache)."""
+
+    async def main():
+        session = gen.session([prompt], params)
+        line = await session.next_line(0, [])
+        await session.aclose()
+        return line, session.stats["cached_tokens"]
+
+    line, cached = asyncio.run(main())
+    return line.token_ids, line.logprobs, cached
+
+
+def trained_logprobs(model, prompt: list[int], line: list[int], params: SamplingParams) -> torch.Tensor:
+    """The trainer's log-probs of ``line`` after ``prompt`` (loss.token_logprobs, its first token a line start)."""
+    ids = torch.tensor([prompt + line])                                       # [1, T]
+    loss_mask = torch.tensor([[0] * len(prompt) + [1] * len(line)])           # [1, T]
+    masks = token_masks(smollm2_tokenizer(), model.config.vocab_size)
+    with torch.no_grad():
+        logp = token_logprobs(model, ids, torch.ones_like(ids), params, masks, loss_mask)  # [1, T]
+    return logp[0, len(prompt):]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_sync_weights_after_an_optimizer_step(gen, tok, lora):
+    """A probe line is cached under the old weights; after one optimizer step and sync_weights, the engine's
+    log-probs of the same probe are the trained model's (not the old ones, not read from a stale prefix cache)."""
+    model = tiny_model(tok, seed=11, head_dim=64)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    gen.sync_weights(model)
+    gen.logit_bias = {one_id(tok, "\n"): 6.0}
+    params = SamplingParams(seed=3, max_line_tokens=8)
+    prompt = ids_of(tok, "Compute 6 * 7 in the REPL.\n" * 8 + ">>>")
+    line, before, _ = probe_logprobs(gen, tok, prompt, params)
+    biased = lambda m: with_logit_bias(copy.deepcopy(m).merge_and_unload() if lora else copy.deepcopy(m),  # noqa: E731
+                                       gen.logit_bias)
+    assert torch.allclose(torch.tensor(before), trained_logprobs(biased(model), prompt, line, params), atol=1e-4)
+
+    # one optimizer step that raises the probe line's log-probs
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=20.0 if lora else 2.0)
+    model.train()
+    ids = torch.tensor([prompt + line])
+    logits = model(ids).logits[0, len(prompt) - 1:-1]                         # [L, V]
+    loss = -logits.log_softmax(-1).gather(1, torch.tensor(line)[:, None]).mean()
+    loss.backward()
+    optimizer.step()
+    model.eval()
+
+    gen.sync_weights(model)
+    line_again, after, cached = probe_logprobs(gen, tok, prompt, params)
+    assert cached == 0  # the prefix cache of the old weights was dropped
+    expected = trained_logprobs(biased(model), prompt, line_again, params)
+    assert torch.allclose(torch.tensor(after), expected, atol=1e-4)
+    assert line_again == line  # same seed, and the step made these tokens more likely
+    assert (torch.tensor(after) - torch.tensor(before)).mean() > 0.1  # the step's objective, seen by the engine
+    _, again, cached = probe_logprobs(gen, tok, prompt, params)
+    assert cached > 0 and torch.allclose(torch.tensor(again), torch.tensor(after), atol=1e-4)  # now cached anew
+
+
+@pytest.mark.slow
+def test_real_smollm2_token_exact():
+    model, tok = smollm2()
+    real = vllm_backend.VLLMGenerator(model, tok, max_model_len=2048, kv_cache_gib=0.5)
+    try:
+        params = SamplingParams(temperature=0.9, seed=0, max_line_tokens=16)
+        chat = tok.apply_chat_template(
+            [{"role": "user", "content": "Compute 12 * 7 in Python."}], add_generation_prompt=True, tokenize=False
+        )
+        prompts = [ids_of(tok, chat + ">>>"), ids_of(tok, chat + ">>> # the answer\n>>>")]
+        session = real.session(prompts, params)
+        episodes = asyncio.run(run_episodes(session, prompts, [2, 2], lambda i, k: ids_of(tok, "84\n>>>")))
+        masks = token_masks(tok, model.config.vocab_size)
+        for ep in episodes:
+            assert_line_rule(tok, ep)
+            recomputed = recomputed_logprobs(model, ep, params, masks)
+            assert torch.allclose(torch.tensor(recomputed), torch.tensor(ep.logprobs), atol=1e-4)
+    finally:
+        real.close()
