@@ -14,6 +14,7 @@ Written against ``accelerate.Accelerator`` (device placement, gradient accumulat
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 
 from sandbox import KernelPool, run_sync
 from sandbox.limits import hides_host_files
@@ -46,6 +48,19 @@ from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sandbox forks; keep tokenizers quiet about it
+
+
+class NullMetrics:
+    """What a process other than the main one writes: nothing."""
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def samples(self, step: int, trajectories: list[Trajectory]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class RunDirError(ConfigError):
@@ -104,12 +119,19 @@ class Trainer:
 
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
         self.isolation = cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before any work
-        self._check_run_dir(resume)
-        random.seed(cfg.run.seed)
-        torch.manual_seed(cfg.run.seed)
         cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
         self.accelerator = Accelerator(cpu=cpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and not cpu
                                        else "no")
+        # Processes (`accelerate launch`): each rank rolls out whole problems (a GRPO group never spans ranks), the
+        # gradients are summed over ranks, and only the main process writes files (nanoGPT's master_process).
+        self.main = self.accelerator.is_main_process
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        if cfg.rollout.problems_per_step < self.world:
+            raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
+                              f"processes ({self.world}): each process rolls out whole problems")
+        self._check_run_dir(resume)
+        random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
         self.task = task_from_config(cfg)
         if getattr(self.task, "data", None) and not hides_host_files(self.isolation):
             log.warning("sandbox isolation %r has no filesystem view: the model's code can read the dataset %s "
@@ -122,8 +144,9 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas,
                                       weight_decay=cfg.optim.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        # The scheduler is not prepared: accelerate's wrapper steps it once per process per step.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
         self.generator = load_generator(cfg.model.backend, self.accelerator.unwrap_model(self.model), self.tokenizer,
@@ -135,7 +158,8 @@ class Trainer:
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
         if resume:
             self._resume()
-        self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, tensorboard=cfg.run.tensorboard)
+        self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, tensorboard=cfg.run.tensorboard) \
+            if self.main else NullMetrics()
         self._banned: TokenMasks | None = None
         self._stop = False
         self._saved_step = self.step
@@ -153,8 +177,10 @@ class Trainer:
         if saved.exists() and (saved.read_text() != to_toml(self.cfg) or checkpoint.latest(self.run_dir)):
             raise RunDirError(f"run directory {str(self.run_dir)!r} already holds a different run: continue it with "
                               "--resume, or pass another --run-dir")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(to_toml(self.cfg))
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.toml").write_text(to_toml(self.cfg))
+        self.accelerator.wait_for_everyone()
 
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir)
@@ -194,13 +220,15 @@ class Trainer:
         cfg = self.cfg
         previous = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, self._on_sigint)
-        bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
-                   dynamic_ncols=True)
-        pool = run_sync(KernelPool(size=cfg.rollout.group_size * cfg.rollout.problems_per_step,
-                                   limits=cfg.rollout.limits(), tools=self.task.tools).start())
+        bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step",
+                   disable=not (self.progress and self.main), dynamic_ncols=True)
+        local_problems = -(-cfg.rollout.problems_per_step // self.world)
+        limits = dataclasses.replace(cfg.rollout.limits(), uid_base=70000 + 20000 * self.rank)  # own uids per rank
+        pool = run_sync(KernelPool(size=cfg.rollout.group_size * local_problems, limits=limits,
+                                   tools=self.task.tools).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
-            if cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # the untrained model, same problems
+            if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
                 self.evals["before"] = self.evaluate(pool, desc="eval before training")
                 self.metrics.write(0, {f"eval/{k}": v for k, v in self.evals["before"].items()})
             while self.step < cfg.run.max_steps and not self._stop:
@@ -211,18 +239,22 @@ class Trainer:
                                 syntax=f"{m['syntax_error_rate']:.2f}", refresh=False)
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
-                if cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+                if self.main and cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
                     self.evals["after"] = self.evaluate(pool)
                     self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
                 if on_step is not None:
                     on_step(result)
-                if time.monotonic() > deadline:
-                    log.info("run.time_budget_min (%g min) spent after step %d", cfg.run.time_budget_min, self.step)
+                out_of_time = time.monotonic() > deadline
+                if self._any_rank(out_of_time or self._stop):  # every rank stops after the same step
+                    self._stop = self._stop or not out_of_time
+                    if out_of_time:
+                        log.info("run.time_budget_min (%g min) spent after step %d", cfg.run.time_budget_min,
+                                 self.step)
                     break
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
             evaluated_now = cfg.run.eval_every and self.step % cfg.run.eval_every == 0
-            if cfg.run.eval_n and self.step and not self._stop and not evaluated_now:
+            if self.main and cfg.run.eval_n and self.step and not self._stop and not evaluated_now:
                 self.evals["after"] = self.evaluate(pool, desc="eval after training")
                 self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
         finally:
@@ -230,11 +262,26 @@ class Trainer:
             run_sync(pool.close())
             signal.signal(signal.SIGINT, previous)
             self.metrics.close()
-        if self.step:
+        if self.step and self.main:
             from .plot import plot_run
 
             self.curves = plot_run(self.run_dir)
         return self.run_dir
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any process (so all stop together)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([int(flag)], device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _sum_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.accelerator.device)
+        torch.distributed.all_reduce(t)
+        return float(t.item())
 
     def summary(self) -> str:
         """The run in a few lines: held-out accuracy and per-line syntax-error rate before -> after, where it is."""
@@ -261,22 +308,30 @@ class Trainer:
 
     def train_step(self, pool: KernelPool) -> StepResult:
         cfg, t_step = self.cfg, time.perf_counter()
-        # 1. sample problems
-        problems = self.problems.take(cfg.rollout.problems_per_step)
+        # 1. sample problems (every rank draws the same ones and keeps its share: whole groups stay on one rank)
+        problems = self.problems.take(cfg.rollout.problems_per_step)[self.rank::self.world]
         # 2. group rollouts (the policy samples in eval mode, without gradients)
         self.model.eval()
         trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, self.rewards, self.sampling,
                                         self.rules, group_size=cfg.rollout.group_size,
                                         chat_template=cfg.model.chat_template))
         t_rollout = time.perf_counter() - t_step
-        # 3. rewards: attached per line during the rollout; summarize() reports each term
-        metrics = summarize(trajs, stats)
+        # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
+        every_rank = gather_object(trajs) if self.world > 1 else trajs
+        metrics = summarize(every_rank, stats)
         # 4. advantages
         batch = batch_tensors(trajs, self.pad_id)
         adv = compute_advantages(cfg.advantages.estimator, batch, **self._advantage_opts())     # [B, T]
         # 5. loss and optimizer step(s)
         t_update = time.perf_counter()
-        metrics.update(self.update(batch, adv))
+        update_stats = self.update(batch, adv)
+        if self.world > 1:  # the mean over ranks of each rank's update statistics
+            update_stats["weights_checksum"] = float(sum(p.detach().double().sum() for p in self.model.parameters()))
+            per_rank = gather_object([update_stats])
+            sums = [r.pop("weights_checksum") for r in per_rank]
+            update_stats = {k: sum(r[k] for r in per_rank) / len(per_rank) for k in per_rank[0]}
+            update_stats["rank_weight_drift"] = max(sums) - min(sums)  # 0: every rank holds the same weights
+        metrics.update(update_stats)
         # 5b. publish the new weights to the sampler (vLLM: copied in memory, prefix cache dropped; HF: nothing)
         self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
         self.scheduler.step()
@@ -286,8 +341,8 @@ class Trainer:
         metrics.update({"rollout_s": t_rollout, "update_s": update_s, "step_s": time.perf_counter() - t_step,
                         "lr": self.scheduler.get_last_lr()[0], "data_position": self.problems.position})
         self.metrics.write(self.step, metrics)
-        if cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
-            self.metrics.samples(self.step, trajs[:: max(cfg.rollout.group_size, 1)][:2])
+        if self.main and cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
+            self.metrics.samples(self.step, every_rank[:: max(cfg.rollout.group_size, 1)][:2])
         return StepResult(self.step, metrics, trajs)
 
     def _advantage_opts(self) -> dict[str, Any]:
@@ -313,7 +368,7 @@ class Trainer:
             order = torch.randperm(B, generator=gen) if cfg.optim.minibatches > 1 else torch.arange(B)
             for mb in order.chunk(cfg.optim.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
-                weights = self._micro_weights(batch, mb)
+                weights, share = self._micro_weights(batch, mb)
                 for micro, weight in weights:
                     ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
                     T = int(att.sum(1).max())
@@ -324,12 +379,13 @@ class Trainer:
                                             clip=(cfg.loss.clip_low, cfg.loss.clip_high), agg=cfg.loss.agg,
                                             ref_logp=None if ref is None else ref[micro][:, :T].to(device),
                                             kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
-                    self.accelerator.backward(loss * weight)
+                    self.accelerator.backward(loss * (weight * share))
                     stats["entropy"] = float(masked_mean(entropy, lm))
                     stats["loss"] = float(loss.detach())
                     for k, v in stats.items():
                         totals[k] = totals.get(k, 0.0) + float(v) * weight
                 params = [p for p in self.model.parameters() if p.requires_grad]
+                self._sum_gradients_over_ranks(params)
                 norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
                 self.optimizer.step()
@@ -339,17 +395,32 @@ class Trainer:
         out["optimizer_steps"] = count
         return out
 
-    def _micro_weights(self, batch: dict[str, torch.Tensor], mb: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
-        """Micro-batches of a minibatch and the weight of each loss so their sum equals the minibatch's loss."""
+    def _micro_weights(self, batch: dict[str, torch.Tensor],
+                       mb: torch.Tensor) -> tuple[list[tuple[torch.Tensor, float]], float]:
+        """Micro-batches of a minibatch with the weight of each loss so their sum is this rank's minibatch loss, and
+        this rank's share of the minibatch over all ranks (tokens, sequences or episodes, as ``loss.agg`` counts):
+        summed over ranks, ``share * loss`` is the loss of the whole minibatch."""
         agg, lm = self.cfg.loss.agg, batch["loss_mask"]
         micros = list(mb.chunk(max(1, math.ceil(len(mb) / self.cfg.optim.micro_batch))))
         if agg == "token_mean":
-            total = float(lm[mb].sum()) or 1.0
-            return [(m, float(lm[m].sum()) / total) for m in micros]
-        if agg == "seq_mean":
-            total = float((lm[mb].sum(1) > 0).sum()) or 1.0
-            return [(m, float((lm[m].sum(1) > 0).sum()) / total) for m in micros]
-        return [(m, len(m) / len(mb)) for m in micros]
+            size = lambda m: float(lm[m].sum())  # noqa: E731
+        elif agg == "seq_mean":
+            size = lambda m: float((lm[m].sum(1) > 0).sum())  # noqa: E731
+        else:
+            size = lambda m: float(len(m))  # noqa: E731
+        local = size(mb)
+        total = self._sum_over_ranks(local)
+        return [(m, size(m) / (local or 1.0)) for m in micros], (local / total if total else 0.0)
+
+    def _sum_gradients_over_ranks(self, params: list[torch.Tensor]) -> None:
+        """Sum each gradient over processes (the loss is already weighted by each rank's share). Done by hand: the
+        update scores tokens through the unwrapped decoder, so DDP's own hooks never arm."""
+        if self.world == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
 
     def _vocab(self) -> int:
         return self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
@@ -375,11 +446,16 @@ class Trainer:
         with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
             return evaluate(self.generator, pool, self.task, self.cfg, n, progress=bar)
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """A checkpoint of this step (written by the main process; every rank holds the same state)."""
         model = self.accelerator.unwrap_model(self.model)
         self._saved_step = self.step
-        return checkpoint.save(self.run_dir, self.step, model, self.tokenizer, self.optimizer, self.scheduler,
-                               {"data_position": self.problems.position}, keep=self.cfg.run.keep_checkpoints)
+        path = None
+        if self.main:
+            path = checkpoint.save(self.run_dir, self.step, model, self.tokenizer, self.optimizer, self.scheduler,
+                                   {"data_position": self.problems.position}, keep=self.cfg.run.keep_checkpoints)
+        self.accelerator.wait_for_everyone()
+        return path
 
 
 def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,

@@ -306,9 +306,15 @@ def _result(reply: dict, status: str, duration: float) -> ExecResult:
     data = reply["content"].get("replrl")
     if data is None:  # the kernel answered but not with our payload: treat as a broken kernel
         return ExecResult("crashed", duration_s=duration, error_name=reply["content"].get("ename"))
-    error = data.get("error_name")
-    if status == "ok" and error:
-        status = "error"
-    return ExecResult(status, output=data["output"], error_name=error, duration_s=duration,
-                      truncated=data["truncated"], incomplete=data["incomplete"],
-                      tool_calls=[ToolCall(c["name"], c["args"], c.get("kwargs", {})) for c in data["calls"]])
+    try:  # code running inside the kernel process could forge the payload: its shape is checked, never trusted
+        error = data.get("error_name")
+        if status == "ok" and error:
+            status = "error"
+        calls = [ToolCall(c["name"], list(c["args"]), dict(c.get("kwargs", {}))) for c in data["calls"]]
+        if not isinstance(data["output"], str) or not all(isinstance(c.name, str) for c in calls):
+            raise TypeError("malformed reply")
+        return ExecResult(status, output=data["output"], error_name=error if isinstance(error, str) else None,
+                          duration_s=duration, truncated=bool(data["truncated"]), incomplete=bool(data["incomplete"]),
+                          tool_calls=calls)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return ExecResult("crashed", duration_s=duration, error_name="MalformedReply")

@@ -14,7 +14,8 @@ class ToolCall:
 
     name: str
     args: list[Any]
-    """Positional arguments, made JSON-friendly (int/float/str/bool/None kept; Fraction, Decimal -> str; else repr)."""
+    """Positional arguments as plain data (int/float/str/bool/None kept, a subclass as its base value; Fraction,
+    Decimal -> str; numpy scalars -> Python values; anything else -> {"rejected": why, "repr": short repr})."""
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 

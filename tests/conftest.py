@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sandbox import Limits, SyncKernelPool
@@ -12,3 +14,17 @@ def pool():
     """A real sandboxed kernel pool (strongest isolation available), with the `submit` tool defined."""
     with SyncKernelPool(size=2, limits=Limits(wall_s=5.0), tools=["submit"]) as p:
         yield p
+
+
+@pytest.fixture(scope="session")
+def format_model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama taught to type `submit(k)` lines, saved like any local model directory."""
+    from replrl.models import load_tokenizer, tiny_model
+    from tests.toy import teach_format
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    model = teach_format(tiny_model(tokenizer, seed=0), tokenizer)
+    path = tmp_path_factory.mktemp("format-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -19,23 +19,10 @@ from replrl import checkpoint
 from replrl.config import Config
 from replrl.configlib import resolve
 from replrl.metrics import read_metrics
-from replrl.models import load_tokenizer, tiny_model
 from replrl.trainer import RunDirError, Trainer
-from tests.toy import teach_format
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "examples" / "smoke.toml")
-
-
-@pytest.fixture(scope="session")
-def format_model_dir(tmp_path_factory) -> Path:
-    """A tiny Llama taught to type `submit(k)` lines, saved like any local model directory."""
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    model = teach_format(tiny_model(tokenizer, seed=0), tokenizer)
-    path = tmp_path_factory.mktemp("format-model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def toy_config(model_dir: Path, **run: object) -> Config:

@@ -1,0 +1,54 @@
+"""`accelerate launch` with 2 CPU processes (gloo): each rank rolls out its share of the step's problems with its own
+kernel pool, gradients are summed over ranks, only the main process writes, and resume continues both ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replrl import checkpoint
+from replrl.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(600)
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    # accelerate's --cpu flag always starts one process (its simple launcher); --multi_gpu on a machine without
+    # GPUs starts N processes that run on the CPU with gloo (DistributedType.MULTI_CPU), as torchrun does.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "replrl", "train",
+           "examples/smoke.toml", "--no-progress", "--model.device", "cpu", *args]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=500)
+
+
+def test_two_processes_train_write_once_and_resume(format_model_dir, tmp_path):
+    run = tmp_path / "run"
+    toy = ["--model.name", str(format_model_dir), "--model.chat_template", "false",  # conftest: types submit(k)
+           "--task.name", "tests.toy:EchoTask", "--rollout.max_lines", "3", "--rollout.max_line_tokens", "12",
+           "--rollout.temperature", "1.0"]
+    first = launch("--run-dir", str(run), "--run.eval_n", "0", *toy)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2], "only the main process writes metrics"
+    # smoke.toml: 2 problems x 4 episodes per step, one problem per rank, gathered before summarizing
+    assert all(r["episodes"] == 8 for r in rows), [r["episodes"] for r in rows]
+    assert rows[0]["grad_norm"] > 0, "the episodes' rewards differ, so the update must move the weights"
+    assert all(r["rank_weight_drift"] == 0.0 for r in rows), "the ranks' weights diverged: gradients not summed"
+    assert checkpoint.latest(run).name == "step-000002"
+    samples = (run / "samples.jsonl").read_text().splitlines()
+    assert len({json.loads(s)["step"] for s in samples}) == 2 and len(samples) == 4, "samples written once per step"
+
+    resumed = launch("--resume", str(run), "--run.max_steps", "3", "--run.eval_n", "0", *toy)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[2]["data_position"] == 6  # both ranks continued at the saved data position: 2 problems a step
+    state = json.loads((checkpoint.latest(run) / "state.json").read_text())
+    assert state["step"] == 3 and state["data_position"] == 6
