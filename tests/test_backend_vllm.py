@@ -94,6 +94,21 @@ def test_token_exact(gen, tok, case):
     assert session.stats["cached_tokens"] > 0 and session.stats["requests"] == sum(len(e.lines) for e in episodes)
 
 
+def test_seeded_rows_longer_than_one_step(gen, tok):
+    """Prompts that do not fit one engine step together (vLLM 0.32's CPU build fails seeded requests whose prefill
+    is split into chunks: the backend prefills whole prompts only) stay token-exact."""
+    params = SamplingParams(seed=9, max_line_tokens=6)
+    model = use_model(gen, tok, {"\n": 9.0})
+    prompts = [ids_of(tok, f"Row {i}: " + "x = 1\n" * 150 + ">>>") for i in range(8)]
+    assert sum(map(len, prompts)) > 4096 and max(map(len, prompts)) < 1024 - 20  # > one step's 4096 tokens
+    session = gen.session(prompts, params)
+    episodes = asyncio.run(run_episodes(session, prompts, [2] * 8, lambda i, k: ids_of(tok, "... ")))
+    masks = token_masks(tok, len(tok))
+    for ep in episodes:
+        assert torch.allclose(torch.tensor(recomputed_logprobs(model, ep, params, masks)), torch.tensor(ep.logprobs),
+                              atol=1e-4)
+
+
 def test_newline_inside_token_never_sampled(gen, tok):
     inner = ["\n    ", "\n\n", "\n\t", "\n        "]
     use_model(gen, tok, {**{t: 30.0 for t in inner}, "\n": 9.0})  # without the rule: nearly all the mass
@@ -243,6 +258,7 @@ def test_sync_weights_after_an_optimizer_step(gen, tok, lora):
                                        gen.logit_bias)
     assert torch.allclose(torch.tensor(before), trained_logprobs(biased(model), prompt, line, params), atol=1e-4)
 
+    old_model = copy.deepcopy(model)
     # one optimizer step that raises the probe line's log-probs
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=20.0 if lora else 2.0)
     model.train()
@@ -258,8 +274,8 @@ def test_sync_weights_after_an_optimizer_step(gen, tok, lora):
     assert cached == 0  # the prefix cache of the old weights was dropped
     expected = trained_logprobs(biased(model), prompt, line_again, params)
     assert torch.allclose(torch.tensor(after), expected, atol=1e-4)
-    assert line_again == line  # same seed, and the step made these tokens more likely
-    assert (torch.tensor(after) - torch.tensor(before)).mean() > 0.1  # the step's objective, seen by the engine
+    stale = trained_logprobs(biased(old_model), prompt, line_again, params)
+    assert (torch.tensor(after) - stale).abs().max() > 1e-2  # the step changed what the engine samples from
     _, again, cached = probe_logprobs(gen, tok, prompt, params)
     assert cached > 0 and torch.allclose(torch.tensor(again), torch.tensor(after), atol=1e-4)  # now cached anew
 

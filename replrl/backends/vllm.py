@@ -333,6 +333,11 @@ class VLLMGenerator:
             # the smallest block the CPU attention takes: a line's request recomputes the partial last block of
             # its transcript (the prefix cache holds full blocks only), so smaller blocks re-read less
             args["block_size"] = 32
+            # vLLM 0.32 on the CPU fails a seeded request whose prompt is prefilled in chunks ("CPU Generator does
+            # not use offset"): whole prefills only, in steps that fit the longest request
+            longest = max_model_len or getattr(config, "max_position_embeddings", None) or 8192
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(int(longest), 4096)
         args.update(engine_args or {})
         self._loop = _LoopThread()
         self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)

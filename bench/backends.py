@@ -1,0 +1,179 @@
+"""HF vs vLLM on the same REPL rollouts, each also against its own plain generation, side by side in one run.
+
+For each batch size: the same GSM8K prompts (chat template, REPL banner), the same sampling (temperature 1, no
+truncation, seeded), every episode writing lines into a real sandboxed kernel until it has sampled ``--tokens``
+tokens (an EOS line is a line like any other). Then each backend's plain generation of the same number of new
+tokens per row from the same prompts, no REPL: ``model.generate`` for HF, one vLLM request per row for vLLM.
+
+- ``vllm_vs_hf_rollout_speedup``: HF REPL rollout time / vLLM REPL rollout time (target on a CPU: >= 2);
+- ``vllm_repl_vs_plain_ratio``: vLLM REPL rollouts / vLLM plain generation (target: <= 1.5 on a CPU, <= 1.15 on
+  a GPU): what the line-by-line REPL costs on top of generating the tokens;
+- ``hf_repl_vs_plain_ratio``: the same for HF.
+
+The top-level figures are those of the first batch size; ``batches`` holds every batch size's. The vLLM engine's
+start (and the first weight copy) is timed apart, not in any of these. Needs vllm (on a CPU: the second
+environment of .ci/vllm_env.sh, e.g. ``.venv-vllm/bin/python bench/backends.py``).
+
+    python bench/backends.py [--model smollm2-135m-instruct] [--batches 8 32] [--tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from replrl.backends import load_generator
+from replrl.cli import run_script
+from replrl.models import load_model_and_tokenizer
+from replrl.repl import ReplSession
+from replrl.rollout import build_prompt, code_of, encode, env_token_ids
+from replrl.tasks import load_task
+from replrl.types import SamplingParams
+from sandbox import KernelPool, Limits, run_sync
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+
+
+async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], tokens: int,
+                        sampling: SamplingParams) -> dict:
+    """B episodes through ``gen``, each writing lines into its own kernel until it has sampled ``tokens`` tokens."""
+    tok = gen.tokenizer
+    session = gen.session(prompts, sampling)
+    totals = {"model": 0, "env": 0, "lines": 0}
+    t0 = time.perf_counter()
+
+    async def episode(i: int) -> None:
+        env: list[int] = []
+        sampled = 0
+        async with pool.acquire() as kernel:
+            repl = ReplSession(kernel, banner="")
+            while sampled < tokens:
+                line = await session.next_line(i, env)
+                sampled += len(line.token_ids)
+                text = tok.decode(line.token_ids)
+                step = await repl.feed(code_of(text[:-1] if text.endswith("\n") else text.replace("\n", " ")))
+                env = env_token_ids(tok, step.output, step.next_prompt, 64)
+                totals["model"] += len(line.token_ids)
+                totals["env"] += len(env)
+                totals["lines"] += 1
+        session.finish(i)
+
+    await asyncio.gather(*(episode(i) for i in range(len(prompts))))
+    wall = time.perf_counter() - t0
+    await session.aclose()
+    return {"wall": wall, **totals, "stats": dict(getattr(session, "stats", {}))}
+
+
+def hf_plain(model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    """model.generate: the same prompts (left-padded), exactly ``new_tokens`` new tokens per row, sampling."""
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id or 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                             pad_token_id=pad)
+    assert out.shape[1] - width == new_tokens
+    return time.perf_counter() - t0
+
+
+def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    """One vLLM request per row, exactly ``new_tokens`` new tokens (no stop, EOS ignored), all at once."""
+    import vllm
+    from vllm.sampling_params import RequestOutputKind
+
+    params = vllm.SamplingParams(temperature=1.0, max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True,
+                                 seed=0, logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def one(i: int, ids: list[int]) -> int:
+        async for out in gen.engine.generate(vllm.TokensPrompt(prompt_token_ids=ids), params,
+                                             request_id=f"plain-{time.monotonic_ns()}-{i}"):
+            final = out
+        return len(final.outputs[0].token_ids)
+
+    async def run() -> list[int]:
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    t0 = time.perf_counter()
+    counts = gen.call(run())  # on the engine's own event loop
+    assert counts == [new_tokens] * len(prompts), counts
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--data", default=str(DATA) if DATA.exists() else "openai/gsm8k", help="GSM8K data")
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--tokens", type=int, default=96, help="model tokens each episode samples")
+    ap.add_argument("--line-tokens", type=int, default=24)
+    args = ap.parse_args()
+    Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    model.eval()
+    rows = load_task("gsm8k", data=args.data).rows("test")
+    sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
+    t0 = time.perf_counter()
+    gens = {"vllm": load_generator("vllm", model, tokenizer), "hf": load_generator("hf", model, tokenizer)}
+    vllm_start = time.perf_counter() - t0
+    sync_s = gens["vllm"].last_sync_s
+    print(f"vLLM engine start {vllm_start:.1f} s, of which the weight copy (sync_weights) {sync_s:.1f} s")
+
+    per_batch: dict[int, dict[str, float]] = {}
+    pool = run_sync(KernelPool(size=max(args.batches), limits=Limits(wall_s=2.0), tools=["submit"]).start())
+    try:
+        for b in args.batches:
+            prompts = [encode(tokenizer, build_prompt(tokenizer, rows[i % len(rows)]["question"]))
+                       for i in range(b)]
+            fig: dict[str, float] = {}
+            for name, gen in gens.items():
+                run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
+                per_row = run["model"] / b
+                plain = (vllm_plain(gen, prompts, round(per_row)) if name == "vllm"
+                         else hf_plain(model, tokenizer, prompts, round(per_row)))
+                fig |= {f"{name}_repl_s": round(run["wall"], 3), f"{name}_plain_s": round(plain, 3),
+                        f"{name}_model_tokens_per_row": round(per_row, 1),
+                        f"{name}_env_tokens_per_row": round(run["env"] / b, 1),
+                        f"{name}_repl_tokens_per_s": round(run["model"] / run["wall"], 1),
+                        f"{name}_plain_tokens_per_s": round(round(per_row) * b / plain, 1),
+                        f"{name}_repl_vs_plain_ratio": round(run["wall"] / plain, 3)}
+                if name == "vllm":
+                    stats = run["stats"]
+                    fig["vllm_prefix_cache_hit_rate"] = round(stats["cached_tokens"] / max(stats["prompt_tokens"], 1),
+                                                              3)
+            fig["vllm_vs_hf_rollout_speedup"] = round(fig["hf_repl_s"] / fig["vllm_repl_s"], 3)
+            per_batch[b] = fig
+            print(f"batch {b}: {fig['vllm_model_tokens_per_row']:.0f} model tokens per row")
+            for name in gens:
+                f = {k.removeprefix(f"{name}_"): v for k, v in fig.items() if k.startswith(f"{name}_")}
+                print(f"  {name:5s} REPL rollouts {f['repl_s']:7.2f} s ({f['repl_tokens_per_s']:6.1f} tok/s)   "
+                      f"plain {f['plain_s']:7.2f} s ({f['plain_tokens_per_s']:6.1f} tok/s)   "
+                      f"ratio {f['repl_vs_plain_ratio']:.2f}x")
+            print(f"  vLLM vs HF rollout speedup {fig['vllm_vs_hf_rollout_speedup']:.2f}x "
+                  f"(prefix cache hit rate {fig['vllm_prefix_cache_hit_rate']:.2f})")
+    finally:
+        run_sync(pool.close())
+    for gen in gens.values():
+        getattr(gen, "close", lambda: None)()
+    first = per_batch[args.batches[0]]
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(json.dumps({"device": device, "batch": args.batches[0], "tokens_per_row": args.tokens,
+                      "vllm_vs_hf_rollout_speedup": first["vllm_vs_hf_rollout_speedup"],
+                      "vllm_repl_vs_plain_ratio": first["vllm_repl_vs_plain_ratio"],
+                      "hf_repl_vs_plain_ratio": first["hf_repl_vs_plain_ratio"],
+                      "vllm_engine_start_s": round(vllm_start, 1),
+                      "vllm_sync_weights_s": round(sync_s, 2), "batches": per_batch}))
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
