@@ -130,7 +130,7 @@ def packed_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor
         q[local] = query[0, :, starts].transpose(0, 1)                        # [R, H, D]
         o = F.scaled_dot_product_attention(q.view(hi - lo, kv_heads, g, D), buf[0, lo:hi, :, :width],
                                            buf[1, lo:hi, :, :width], attn_mask=mask, scale=scaling)
-        out[starts] = o.view(hi - lo, H, D)[local]
+        out[starts] = o.reshape(hi - lo, H, D)[local]                         # CUDA's SDPA output is not contiguous
     scale = scaling if scaling is not None else D**-0.5
     for seg, causal in zip(cache.prefills, cache.prefill_masks, strict=True):
         # plain matmuls: SDPA with an explicit mask is ~3x slower here on a CPU (it scans the mask for -inf rows)
