@@ -235,8 +235,9 @@ class Trainer:
                 result = self.train_step(pool)
                 bar.update(1)
                 m = result.metrics
+                budget = {} if deadline == math.inf else {"budget_left": f"{(deadline - time.monotonic()) / 60:.1f}m"}
                 bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
-                                syntax=f"{m['syntax_error_rate']:.2f}", refresh=False)
+                                syntax=f"{m['syntax_error_rate']:.2f}", **budget, refresh=False)
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
                 if self.main and cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
