@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
 
+import replrl.trainer as trainer_module
 from replrl.backends.hf import HFGenerator
 from replrl.backends.sampling import TokenMasks, eos_ids, token_masks
-from replrl.loss import token_logprobs
+from replrl.config import Config
+from replrl.configlib import resolve
+from replrl.loss import grpo_loss, token_logprobs
 from replrl.models import tiny_model
+from replrl.trainer import Trainer
 from replrl.types import LineSample, SamplingParams
 from tests.helpers_models import smollm2_tokenizer, with_logit_bias
 
@@ -44,8 +49,7 @@ def sensitive_tiny(tok, seed: int = 0):
     """A tiny Llama (6 query heads sharing 2 KV heads, 3 layers) whose next-token distribution depends on its
     context: weights drawn 2.5x wider than the default init, queries and keys x2 (sharper attention), the LM head x2.
     Measured over 600 tokens: one position off by one moves its top tokens' log-probs by 0.26 nats, one early token
-    missing from the context by 0.08, while fp32 rounding (vs fp64) stays under 2e-6. Newlines are favoured so lines
-    end; EOS is ruled out so every episode runs its full length."""
+    missing from the context by 0.08, while fp32 rounding (vs fp64) stays under 2e-6."""
     model = tiny_model(tok, seed=seed, hidden_size=96, intermediate_size=192, num_attention_heads=6,
                        num_key_value_heads=2, num_hidden_layers=3, initializer_range=0.05)
     with torch.no_grad():
@@ -53,9 +57,13 @@ def sensitive_tiny(tok, seed: int = 0):
             layer.self_attn.q_proj.weight.mul_(2.0)
             layer.self_attn.k_proj.weight.mul_(2.0)
         model.lm_head.weight.mul_(2.0)
-    bias = {i: -100.0 for i in eos_ids(tok) if i < len(tok)}
-    bias[ids_of(tok, "\n")[0]] = 6.0
-    return with_logit_bias(model, bias).eval()
+    return model.eval()
+
+
+def line_bias(tok, newline: float = 6.0) -> dict[int, float]:
+    """Output biases for ``sensitive_tiny``: newlines favoured so lines end (at 6, about 10 tokens a line), EOS
+    ruled out so every episode runs its full length."""
+    return {**{i: -100.0 for i in eos_ids(tok) if i < len(tok)}, ids_of(tok, "\n")[0]: newline}
 
 
 TRACEBACK = ('Traceback (most recent call last):\n  File "<stdin>", line 1, in <module>\n  File "<stdin>", line 4, in '
@@ -142,7 +150,7 @@ LONG_CASES = {
 
 @pytest.mark.parametrize("case", list(LONG_CASES))
 def test_long_episodes_sampled_logprobs_equal_the_trainers(tok, case):
-    model = sensitive_tiny(tok)
+    model = with_logit_bias(sensitive_tiny(tok), line_bias(tok))
     gen = HFGenerator(model, tok, device="cpu", **LONG_CASES[case])
     params = SamplingParams(temperature=0.7, seed=11, max_line_tokens=14)
     rows = 8
@@ -166,3 +174,61 @@ def test_long_episodes_sampled_logprobs_equal_the_trainers(tok, case):
     if "max_step_tokens" in LONG_CASES[case]:
         assert session.stats["max_step_tokens"] <= 96                           # the 120-token output went in chunks
     assert diffs.max().item() <= TOL, f"max |sampled - recomputed| = {diffs.max().item():.2e} ({case})"
+
+
+# ---- the trainer: at the first minibatch of a step, new == old on every model token ----
+
+
+@pytest.fixture(scope="module")
+def sensitive_model_dir(tok, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sensitive-tiny")
+    sensitive_tiny(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["sampler old", "recomputed old"])
+def test_first_minibatch_ratio_is_one_on_every_model_token(sensitive_model_dir, tok, tmp_path, monkeypatch, reuse):
+    """A real Trainer step (sandboxed kernels, arithmetic problems, 8 episodes of several lines with tracebacks
+    spliced in, micro-batches of 3). Before the first optimizer step the policy is the sampler's, so exp(new - old)
+    must be 1 on every token with loss_mask 1: old is the sampler's log-probs (one epoch, one minibatch) or the
+    trainer's own recomputation (epochs and minibatches > 1)."""
+    cfg = resolve(Config, None, {
+        "model": {"name": str(sensitive_model_dir), "chat_template": False},
+        "task": {"name": "arithmetic", "level": 1},
+        "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 8, "max_line_tokens": 24,
+                    "max_total_tokens": 512, "max_output_tokens": 64, "wall_s": 2.0, "temperature": 0.7},
+        "optim": {"lr": 1e-3, "micro_batch": 3, "epochs": 2 if reuse else 1, "minibatches": 2 if reuse else 1},
+        "run": {"max_steps": 1, "save_every": 0, "eval_n": 0, "log_samples_every": 0, "tensorboard": False,
+                "time_budget_min": 0},
+    })
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    bias = torch.zeros(policy.lm_head.out_features)
+    for token_id, value in line_bias(tok, newline=8.0).items():
+        bias[token_id] = value
+    policy.lm_head.register_forward_hook(lambda module, args, out: out + bias)  # lines end; the sampler's too
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []   # per micro-batch of the first minibatch: (new, old) on-mask
+    steps = []
+    trainer.optimizer.optimizer.register_step_post_hook(lambda *args: steps.append(1))
+
+    def recording_loss(logp, old_logp, adv, loss_mask, **kwargs):
+        if not steps:
+            on = loss_mask > 0
+            seen.append((logp.detach()[on], old_logp[on]))
+        return grpo_loss(logp, old_logp, adv, loss_mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", recording_loss)
+    result = {}
+    trainer.train(on_step=lambda r: result.update(r.metrics, trajs=r.trajectories))
+
+    trajs = result["trajs"]
+    assert len(steps) == (4 if reuse else 1)                                   # optimizer steps: epochs x minibatches
+    assert len(seen) == (2 if reuse else 3)                      # micro-batches of 3 in 4 episodes (reuse) or in 8
+    assert sum(len(t.lines) >= 3 for t in trajs) >= 4                          # several lines, outputs spliced
+    assert any(ln.status == "error" for t in trajs for ln in t.lines)
+    new, old = torch.cat([n for n, _ in seen]), torch.cat([o for _, o in seen])
+    assert len(new) >= 50 and (reuse or len(new) == sum(sum(t.loss_mask) for t in trajs))  # every model token
+    ratio = (new - old).exp()
+    assert (ratio - 1).abs().max().item() <= TOL, f"max |ratio - 1| = {(ratio - 1).abs().max().item():.2e}"
