@@ -137,8 +137,10 @@ def trainer_logprobs(model, episodes: list[Episode], params: SamplingParams, mas
         input_ids[b, : len(ep.ids)] = torch.tensor(ep.ids)
         attention_mask[b, : len(ep.ids)] = 1
         loss_mask[b, ep.sampled_at] = 1.0
+    dev = next(model.parameters()).device
     with torch.no_grad():
-        logp = token_logprobs(model, input_ids, attention_mask, params, masks, loss_mask)   # [B, T]
+        logp = token_logprobs(model, input_ids.to(dev), attention_mask.to(dev), params,
+                              TokenMasks(*(m.to(dev) for m in masks)), loss_mask.to(dev)).cpu()  # [B, T]
     return [logp[b, ep.sampled_at].tolist() for b, ep in enumerate(episodes)]
 
 
@@ -148,10 +150,14 @@ LONG_CASES = {
 }
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("case", list(LONG_CASES))
-def test_long_episodes_sampled_logprobs_equal_the_trainers(tok, case):
+def test_long_episodes_sampled_logprobs_equal_the_trainers(tok, case, device):
     model = with_logit_bias(sensitive_tiny(tok), line_bias(tok))
-    gen = HFGenerator(model, tok, device="cpu", **LONG_CASES[case])
+    gen = HFGenerator(model, tok, device=device, **LONG_CASES[case])
     params = SamplingParams(temperature=0.7, seed=11, max_line_tokens=14)
     rows = 8
     prompts = [ids_of(tok, f"Problem {i}: Janet's ducks lay {16 + i} eggs per day. She eats {3 + i % 4} for "
