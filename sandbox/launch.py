@@ -84,25 +84,17 @@ def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
     # the kernel's own uid)
     kept = [d for d in sorted(binds) if not any(_under(d, o) and d != o for o in binds)]
     made: set[str] = set()
+
+    def parents(path: str) -> list[str]:  # the missing parent directories of a mount point, outermost first
+        chain = []
+        while (path := os.path.dirname(path)) not in ("/", "") and path not in made:
+            chain.append(path)
+        made.update(chain)
+        return [a for d in reversed(chain) for a in ("--perms", "0755", "--dir", d)]
+
     for dest in kept:
-        parent = os.path.dirname(dest)
-        chain = []
-        while parent not in ("/", "") and parent not in made:
-            chain.append(parent)
-            parent = os.path.dirname(parent)
-        for directory in reversed(chain):
-            made.add(directory)
-            args += ["--perms", "0755", "--dir", directory]
-        args += ["--ro-bind", binds[dest], dest]
-    for directory in (os.path.dirname(kdir),):
-        chain = []
-        while directory not in ("/", "") and directory not in made:
-            chain.append(directory)
-            directory = os.path.dirname(directory)
-        for d in reversed(chain):
-            made.add(d)
-            args += ["--perms", "0755", "--dir", d]
-    args += ["--bind", kdir, kdir, "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/"]
+        args += [*parents(dest), "--ro-bind", binds[dest], dest]
+    args += [*parents(kdir), "--bind", kdir, kdir, "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/"]
     return args
 
 
