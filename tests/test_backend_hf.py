@@ -255,39 +255,41 @@ def test_eos_and_length(tok):
             assert line.finish == "length" and line.token_ids == [space_x] + [x] * 4 and len(line.logprobs) == 5
 
 
+async def one_row_executes_while_two_generate(gen, tok, timeout: float) -> LineSample:
+    """Three rows: row 0's first line is 'executing' until rows 1 and 2 have each sampled three lines; then row 0
+    asks for its next line. Returns that line (a backend where one row waits for all never gets there)."""
+    session = gen.session([ids_of(tok, ">>>")] * 3, SamplingParams(seed=0, max_line_tokens=6))
+    others_done = asyncio.Event()
+    done = 0
+
+    async def slow_row():
+        await session.next_line(0, [])
+        await others_done.wait()  # executing a long line
+        return await session.next_line(0, ids_of(tok, ">>>"))
+
+    async def fast_row(i):
+        nonlocal done
+        env: list[int] = []
+        for _ in range(3):
+            await session.next_line(i, env)
+            env = ids_of(tok, "1\n>>> ")
+        done += 1
+        if done == 2:
+            others_done.set()
+
+    results = await asyncio.wait_for(asyncio.gather(slow_row(), fast_row(1), fast_row(2)), timeout=timeout)
+    await session.aclose()
+    return results[0]
+
+
 def test_rows_generate_while_one_row_executes(tok):
     """Row 0's line is 'executing' until rows 1 and 2 have each finished three lines: no step waits for all rows."""
     model = biased_tiny(tok, {"\n": 9.0})
     gen = HFGenerator(model, tok, device="cpu")
-    prompts = [ids_of(tok, ">>>")] * 3
     threads: set[str] = set()
     model.register_forward_pre_hook(lambda module, args: threads.add(threading.current_thread().name))
 
-    async def main():
-        session = gen.session(prompts, SamplingParams(seed=0, max_line_tokens=6))
-        others_done = asyncio.Event()
-        done = 0
-
-        async def slow_row():
-            await session.next_line(0, [])
-            await others_done.wait()  # executing a long line
-            return await session.next_line(0, ids_of(tok, ">>>"))
-
-        async def fast_row(i):
-            nonlocal done
-            env: list[int] = []
-            for _ in range(3):
-                await session.next_line(i, env)
-                env = ids_of(tok, "1\n>>> ")
-            done += 1
-            if done == 2:
-                others_done.set()
-
-        results = await asyncio.wait_for(asyncio.gather(slow_row(), fast_row(1), fast_row(2)), timeout=60)
-        await session.aclose()
-        return results
-
-    assert isinstance(asyncio.run(main())[0], LineSample)
+    assert isinstance(asyncio.run(one_row_executes_while_two_generate(gen, tok, timeout=60)), LineSample)
     assert threads and all(name.startswith("replrl-hf") for name in threads)  # forwards run off the event loop
 
 

@@ -31,6 +31,7 @@ from tests.test_backend_hf import (  # noqa: E402
     assert_line_rule,
     ids_of,
     one_id,
+    one_row_executes_while_two_generate,
     recomputed_logprobs,
     run_episodes,
 )
@@ -167,31 +168,7 @@ def test_rows_generate_while_one_row_executes(gen, tok):
     """Row 0's line is 'executing' until rows 1 and 2 have each finished three lines: no row waits for another."""
     use_model(gen, tok, {"\n": 9.0})
 
-    async def main():
-        session = gen.session([ids_of(tok, ">>>")] * 3, SamplingParams(seed=0, max_line_tokens=6))
-        others_done = asyncio.Event()
-        done = 0
-
-        async def slow_row():
-            await session.next_line(0, [])
-            await others_done.wait()  # executing a long line
-            return await session.next_line(0, ids_of(tok, ">>>"))
-
-        async def fast_row(i):
-            nonlocal done
-            env: list[int] = []
-            for _ in range(3):
-                await session.next_line(i, env)
-                env = ids_of(tok, "1\n>>> ")
-            done += 1
-            if done == 2:
-                others_done.set()
-
-        results = await asyncio.wait_for(asyncio.gather(slow_row(), fast_row(1), fast_row(2)), timeout=120)
-        await session.aclose()
-        return results
-
-    assert isinstance(asyncio.run(main())[0], LineSample)
+    assert isinstance(asyncio.run(one_row_executes_while_two_generate(gen, tok, timeout=120)), LineSample)
 
 
 def test_session_errors_and_close(gen, tok):
