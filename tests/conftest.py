@@ -28,3 +28,13 @@ def format_model_dir(tmp_path_factory) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Show the vLLM backend's own test run (it happens in a second environment, see test_vllm_env.py)."""
+    from tests.test_vllm_env import SUMMARY
+
+    if SUMMARY:
+        terminalreporter.section("vLLM backend tests (second environment)")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
