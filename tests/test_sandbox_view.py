@@ -111,3 +111,20 @@ def test_the_training_dataset_cannot_be_read_from_an_episode(canary_dir):
                        (f"open({data!r}).read()", "import glob", f"glob.glob({str(canary_dir)!r} + '/*')")]
     text = "".join(step.output for step in outputs)
     assert "CANARY" not in text and "FileNotFoundError" in text, text
+
+
+def test_training_on_a_dataset_without_a_filesystem_view_warns_in_one_line(canary_dir, tmp_path, monkeypatch, caplog):
+    """At the unshare and rlimits levels the dataset is readable by the model's code: the trainer says so."""
+    import logging
+
+    import replrl.trainer as trainer_module
+    from replrl.config import Config, ModelConfig, RunConfig, TaskConfig
+
+    monkeypatch.setattr(trainer_module, "hides_host_files", lambda level: False)  # as at the unshare level
+    data = str(canary_dir / "train.jsonl")
+    cfg = Config(model=ModelConfig(name="tiny"), task=TaskConfig(name="gsm8k", data=data),
+                 run=RunConfig(max_steps=1, eval_n=0, tensorboard=False))
+    with caplog.at_level(logging.WARNING, logger="replrl.trainer"):
+        trainer_module.Trainer(cfg, tmp_path / "run", progress=False)
+    warnings = [r.getMessage() for r in caplog.records if "can read the dataset" in r.getMessage()]
+    assert len(warnings) == 1 and data in warnings[0] and "\n" not in warnings[0], caplog.text
