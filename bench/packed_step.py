@@ -10,7 +10,9 @@ tokens per row:
 Also the decode-only step (k = 0) of each. Median ms over a few steps; random keys/values (cost does not depend on
 them). Ends with one JSON line.
 
-    python bench/packed_step.py [--model smollm2-135m-instruct] [--rows 8] [--threads 1]
+    python bench/packed_step.py [--model smollm2-135m-instruct] [--rows 8] [--threads 1] [--device cuda]
+        [--random-weights]   # --model is then a directory with the model's config.json only (cost does not
+                             # depend on the weights; for a machine the weights cannot be copied to)
 """
 
 from __future__ import annotations
@@ -35,37 +37,50 @@ def _dims(model) -> tuple[int, int, int]:
     return cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def packed_ms(model, rows: int, context: int, k: int, steps: int = 5) -> float:
     """Median ms of a packed step over caches of ``context`` tokens: row 0 feeds k tokens, the others one (k = 0:
     a plain decode step of every row)."""
     layers, kv_heads, head_dim = _dims(model)
+    device, dtype = model.device, model.dtype
     times = []
     for _ in range(steps):
-        batch = _Batch(model, rows, torch.device("cpu"))
-        batch.cache.buffers = [torch.randn(2, rows, kv_heads, context + k + 1, head_dim) for _ in range(layers)]
+        batch = _Batch(model, rows, device)
+        batch.cache.buffers = [torch.randn(2, rows, kv_heads, context + k + 1, head_dim, device=device, dtype=dtype)
+                               for _ in range(layers)]
         batch.cache.lengths = [context] * rows
         feed = {r: [1] * (k if r == 0 and k else 1) for r in range(rows)}
         with torch.inference_mode():
+            _sync(device)
             t = time.perf_counter()
             batch.forward(feed, list(range(rows)))
+            _sync(device)
             times.append(time.perf_counter() - t)
     return 1000 * statistics.median(times)
 
 
 def padded_ms(model, rows: int, context: int, k: int, steps: int = 5) -> float:
     layers, kv_heads, head_dim = _dims(model)
+    device, dtype = model.device, model.dtype
     width = max(k, 1)
     times = []
     for _ in range(steps):
         cache = DynamicCache()
         for layer in range(layers):
-            cache.update(*torch.randn(2, rows, kv_heads, context, head_dim).unbind(0), layer)
-        ids = torch.ones(rows, width, dtype=torch.long)
-        mask = torch.ones(rows, context + width, dtype=torch.long)
+            kv = torch.randn(2, rows, kv_heads, context, head_dim, device=device, dtype=dtype)
+            cache.update(*kv.unbind(0), layer)
+        ids = torch.ones(rows, width, dtype=torch.long, device=device)
+        mask = torch.ones(rows, context + width, dtype=torch.long, device=device)
         mask[1:, context : context + width - 1] = 0  # the decoding rows' holes
         with torch.inference_mode():
+            _sync(device)
             t = time.perf_counter()
             model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            _sync(device)
             times.append(time.perf_counter() - t)
     return 1000 * statistics.median(times)
 
@@ -75,12 +90,21 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--random-weights", action="store_true", help="build the model from --model's config.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, _ = load_model_and_tokenizer(args.model)
-    model.eval()
-    figures = {}
-    print(f"{args.rows} rows; one row prefills k tokens while the others decode one (ms per step)")
+    if args.random_weights:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=torch.float32)
+    else:
+        model, _ = load_model_and_tokenizer(args.model)
+    model.to(args.device).eval()
+    for _ in range(2):  # warm-up (CUDA kernels, allocator)
+        packed_ms(model, args.rows, 200, 8, steps=1), padded_ms(model, args.rows, 200, 8, steps=1)
+    figures: dict = {"device": torch.cuda.get_device_name(0) if model.device.type == "cuda" else "cpu"}
+    print(f"{args.rows} rows on {figures['device']}; one row prefills k tokens while the others decode one (ms/step)")
     print(f"{'context':>8s} {'k':>4s} {'packed':>9s} {'padded':>9s} {'padded/packed':>14s}")
     for context in (200, 2000):
         for k in (0, 8, 32, 64):
