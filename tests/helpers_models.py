@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from replrl.models import SMOLLM2_ALIAS, load_model_and_tokenizer, load_tokenizer
+
+GSM8K_DIR = Path(os.environ.get("REPLRL_GSM8K") or Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k")
+"""The offline GSM8K copy tests use ($REPLRL_GSM8K, else ../shared/data/gsm8k beside the checkout, as in CI)."""
 
 
 @functools.cache

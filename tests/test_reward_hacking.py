@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -27,6 +26,7 @@ from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, build_prompt, encode, env_token_ids, line_text, rollout
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, run_sync
+from tests.helpers_models import GSM8K_DIR
 from tests.scripted import EOS, teach_scripts
 
 ANSWER = 42
@@ -229,7 +229,7 @@ def test_the_answer_never_reaches_the_kernel(pool):
 
 
 def test_datasets_are_not_readable_from_the_kernel(pool):
-    path = str(Path(__file__).resolve().parents[2] / "shared/data/gsm8k/test.jsonl")  # beside the checkout
+    path = str(GSM8K_DIR / "test.jsonl")
     if not os.path.isfile(path):
         pytest.skip("no local GSM8K copy")
     if pool.pool.isolation != "bwrap":

@@ -22,6 +22,7 @@ from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, run_sync
+from tests.helpers_models import GSM8K_DIR
 from tests.scripted import SCRIPTS, ScriptTask, script_sequences, teach_scripts
 
 pytestmark = pytest.mark.timeout(900)  # the module fixture teaches the scripts (about a minute on 2 cores)
@@ -174,12 +175,10 @@ def test_records_are_json_lines(episodes):
 @pytest.mark.slow
 def test_real_pretrained_model_on_gsm8k(pool):
     """SmolLM2-135M-Instruct (offline) on a few GSM8K test problems: lines execute, outputs splice, records valid."""
-    from pathlib import Path
 
     from replrl.tasks import load_task
 
-    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-    task = load_task("gsm8k", data=str(data), limit=3)
+    task = load_task("gsm8k", data=str(GSM8K_DIR), limit=3)
     gen = HFGenerator.from_pretrained("smollm2-135m-instruct", device="cpu")
     sampling = SamplingParams(temperature=0.7, max_line_tokens=48, max_lines=4, max_total_tokens=768, seed=0)
     rows = [(i, task.rows("test")[i]) for i in range(3)]

@@ -16,6 +16,7 @@ import pytest
 
 from sandbox import Limits, SyncKernelPool
 from sandbox.limits import hides_host_files
+from tests.helpers_models import GSM8K_DIR
 
 ALLOWED_TOP = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "tmp"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +68,7 @@ def test_root_lists_only_allowlisted_entries(view_pool):
 def test_checkout_caches_and_homes_are_hidden(view_pool):
     hidden = [str(ROOT / "replrl" / "trainer.py"), str(ROOT / "README.md"), os.path.expanduser("~/.cache"),
               os.path.expanduser("~/.bashrc"), "/srv", "/opt/replrl-none", "/mnt", "/var/log", "/etc/shadow"]
-    shared = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+    shared = GSM8K_DIR / "test.jsonl"
     if shared.exists():
         hidden.append(str(shared))
     code = "import os\n" + "".join(f"print({p!r}, os.path.exists({p!r}))\n" for p in hidden)

@@ -13,8 +13,8 @@ import pytest
 
 from replrl.answers import checkable, exact_match, is_float_like, numbers_equal, parse_number
 from replrl.tasks import ARITHMETIC_HEADER, GSM8K_HEADER, ArithmeticTask, GSM8KTask, Task, TaskError, load_task
+from tests.helpers_models import GSM8K_DIR  # noqa: E402  ($REPLRL_GSM8K or ../shared/data/gsm8k)
 
-GSM8K_DIR = Path(__file__).parents[2] / "shared/data/gsm8k"  # /work/shared/data/gsm8k beside the repo
 OPERATOR = re.compile(r" (\+|-|\*|//|%|/) ")
 
 
