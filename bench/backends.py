@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from replrl.tasks import load_task
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits, run_sync
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+DATA = os.environ.get("REPLRL_GSM8K", "openai/gsm8k")  # a hub id, or a local copy (.jsonl file or directory)
 
 
 async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], tokens: int,
@@ -113,7 +113,7 @@ def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--data", default=str(DATA) if DATA.exists() else "openai/gsm8k", help="GSM8K data")
+    ap.add_argument("--data", default=DATA, help="GSM8K: hub id, directory or .jsonl file ($REPLRL_GSM8K)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--tokens", type=int, default=96, help="model tokens each episode samples")
     ap.add_argument("--line-tokens", type=int, default=24)
