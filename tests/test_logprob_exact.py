@@ -29,8 +29,10 @@ from replrl.configlib import resolve
 from replrl.loss import grpo_loss, token_logprobs
 from replrl.models import tiny_model
 from replrl.trainer import Trainer
-from replrl.types import LineSample, SamplingParams
+from replrl.types import SamplingParams
+from tests import test_backend_hf
 from tests.helpers_models import smollm2_tokenizer, with_logit_bias
+from tests.test_backend_hf import ids_of
 
 TOL = 1e-4
 """fp32: the sampler's log-prob of every sampled token vs the trainer's recomputation."""
@@ -39,10 +41,6 @@ TOL = 1e-4
 @pytest.fixture(scope="module")
 def tok():
     return smollm2_tokenizer()
-
-
-def ids_of(tok, text: str) -> list[int]:
-    return tok.encode(text, add_special_tokens=False)
 
 
 def sensitive_tiny(tok, seed: int = 0):
@@ -79,12 +77,7 @@ OUTPUTS = [
 
 
 @dataclass
-class Episode:
-    ids: list[int]
-    sampled_at: list[int] = field(default_factory=list)
-    """Positions in ids of the sampled tokens."""
-    logprobs: list[float] = field(default_factory=list)
-    lines: list[LineSample] = field(default_factory=list)
+class Episode(test_backend_hf.Episode):
     idle_steps: list[int] = field(default_factory=list)
     """Per executed line: the session steps that ran while this row was away."""
 
