@@ -245,9 +245,10 @@ class Trainer:
                     self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
                 if on_step is not None:
                     on_step(result)
-                out_of_time = time.monotonic() > deadline
-                if self._any_rank(out_of_time or self._stop):  # every rank stops after the same step
-                    self._stop = self._stop or not out_of_time
+                # every rank stops after the same step, and for the same reason (Ctrl-C skips the last evaluation)
+                self._stop = self._any_rank(self._stop)
+                out_of_time = self._any_rank(time.monotonic() > deadline)
+                if self._stop or out_of_time:
                     if out_of_time:
                         log.info("run.time_budget_min (%g min) spent after step %d", cfg.run.time_budget_min,
                                  self.step)
