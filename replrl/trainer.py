@@ -452,11 +452,16 @@ class Trainer:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""
         model = self.accelerator.unwrap_model(self.model)
         self._saved_step = self.step
-        path = None
+        path, error = None, None
         if self.main:
-            path = checkpoint.save(self.run_dir, self.step, model, self.tokenizer, self.optimizer, self.scheduler,
-                                   {"data_position": self.problems.position}, keep=self.cfg.run.keep_checkpoints)
-        self.accelerator.wait_for_everyone()
+            try:
+                path = checkpoint.save(self.run_dir, self.step, model, self.tokenizer, self.optimizer,
+                                       self.scheduler, {"data_position": self.problems.position},
+                                       keep=self.cfg.run.keep_checkpoints)
+            except OSError as e:  # e.g. a full disk: the last good checkpoint is intact; every rank stops
+                error = e
+        if self._any_rank(error is not None):  # also the barrier: no rank runs ahead of the save
+            raise error or OSError("the main process could not write the checkpoint")
         return path
 
 
