@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import torch
+from repl_tax import plain_generate  # bench/, next to this script: model.generate of N new tokens per row
 
 from replrl.backends import load_generator
 from replrl.cli import run_script
@@ -69,22 +70,6 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
     wall = time.perf_counter() - t0
     await session.aclose()
     return {"wall": wall, **totals, "stats": dict(getattr(session, "stats", {}))}
-
-
-def hf_plain(model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens: int) -> float:
-    """model.generate: the same prompts (left-padded), exactly ``new_tokens`` new tokens per row, sampling."""
-    width = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id or 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    torch.manual_seed(0)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             pad_token_id=pad)
-    assert out.shape[1] - width == new_tokens
-    return time.perf_counter() - t0
 
 
 def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
@@ -140,7 +125,7 @@ def main() -> None:
                 run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
                 per_row = run["model"] / b
                 plain = (vllm_plain(gen, prompts, round(per_row)) if name == "vllm"
-                         else hf_plain(model, tokenizer, prompts, round(per_row)))
+                         else plain_generate(model, tokenizer, prompts, round(per_row)))
                 fig |= {f"{name}_repl_s": round(run["wall"], 3), f"{name}_plain_s": round(plain, 3),
                         f"{name}_model_tokens_per_row": round(per_row, 1),
                         f"{name}_env_tokens_per_row": round(run["env"] / b, 1),

@@ -348,9 +348,9 @@ def test_long_environment_output_is_chunked(tok):
     assert session.stats["max_step_tokens"] == 8  # chunked
 
 
-def test_session_errors_and_close(tok):
-    model = with_logit_bias(tiny_model(tok), {one_id(tok, "x"): 40.0})
-    gen = HFGenerator(model, tok, device="cpu")
+def check_session_errors_and_close(gen, tok) -> None:
+    """A session refuses an empty prompt and a finished row; aclose() fails a pending line and any later one.
+    ``gen`` must favour a token that never ends a line (so row 1's 96-token line is still running at aclose)."""
     with pytest.raises(ValueError):
         gen.session([[]], SamplingParams())
 
@@ -369,6 +369,11 @@ def test_session_errors_and_close(tok):
             await session.next_line(1, [])
 
     asyncio.run(main())
+
+
+def test_session_errors_and_close(tok):
+    check_session_errors_and_close(HFGenerator(with_logit_bias(tiny_model(tok), {one_id(tok, "x"): 40.0}), tok,
+                                               device="cpu"), tok)
 
 
 # ---- models ----

@@ -29,6 +29,7 @@ from replrl.types import LineSample, SamplingParams  # noqa: E402
 from tests.helpers_models import smollm2, smollm2_tokenizer, with_logit_bias  # noqa: E402
 from tests.test_backend_hf import (  # noqa: E402
     assert_line_rule,
+    check_session_errors_and_close,
     ids_of,
     one_id,
     one_row_executes_while_two_generate,
@@ -174,24 +175,7 @@ def test_rows_generate_while_one_row_executes(gen, tok):
 def test_session_errors_and_close(gen, tok):
     use_model(gen, tok, {})
     gen.logit_bias = {one_id(tok, "x"): 40.0}
-    with pytest.raises(ValueError):
-        gen.session([[]], SamplingParams())
-
-    async def main():
-        session = gen.session([ids_of(tok, ">>>")] * 2, SamplingParams(max_line_tokens=96))
-        await session.next_line(0, [])
-        session.finish(0)
-        with pytest.raises(ValueError):
-            await session.next_line(0, [])
-        pending = asyncio.create_task(session.next_line(1, []))
-        await asyncio.sleep(0)
-        await session.aclose()  # the 96-token line of row 1 is not done yet
-        with pytest.raises(RuntimeError):
-            await pending
-        with pytest.raises(RuntimeError):
-            await session.next_line(1, [])
-
-    asyncio.run(main())
+    check_session_errors_and_close(gen, tok)
 
 
 def probe_logprobs(gen, tok, prompt: list[int], params: SamplingParams) -> tuple[list[int], list[float], int]:
