@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 BUILTIN_TASKS: dict[str, str] = {
     "arithmetic": "replrl.tasks.arithmetic:ArithmeticTask",
     "gsm8k": "replrl.tasks.gsm8k:GSM8KTask",
+    "programs": "replrl.tasks.programs:ProgramsTask",
 }
 """Built-in task names and the import path each resolves to (loaded lazily: gsm8k pulls in ``datasets``)."""
 
