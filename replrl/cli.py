@@ -1,4 +1,4 @@
-"""The `replrl` command: `replrl repl | rollout | train | eval | plot | env`.
+"""The `replrl` command: `replrl repl | rollout | train | eval | plot | sweep | compare | env`.
 
 Every subcommand turns expected failures (bad config, missing model or dataset, a sandbox that cannot start) into
 one clear line on stderr and a non-zero exit code; ``--debug`` shows the full traceback instead.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from sandbox import KernelStartError, SandboxUnavailable
 
-from . import __version__, cli_env, cli_repl, cli_rollout, cli_train
+from . import __version__, cli_env, cli_repl, cli_rollout, cli_sweep, cli_train
 
 # Errors a user can fix; anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, KernelStartError, SandboxUnavailable)
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"replrl {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (cli_repl, cli_rollout, cli_train, cli_env):
+    for module in (cli_repl, cli_rollout, cli_train, cli_sweep, cli_env):
         module.add_parser(sub)
     return parser
 

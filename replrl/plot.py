@@ -1,8 +1,16 @@
-"""Learning curves of a run as one PNG: reward, accuracy, per-line error rates, each reward term."""
+"""Learning curves of a run as one PNG: reward, accuracy, per-line error rates, each reward term.
+
+A metric is drawn over the steps that logged its kind of row (training steps, or evaluations for ``eval/...``), with
+a gap where a row lacks it: ``reward/no_submit`` is only logged at steps where some episode did not submit, and no
+line is drawn across the steps where it is absent.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .metrics import read_metrics
 
@@ -16,6 +24,34 @@ PANELS = [
 ]
 
 
+def is_eval_key(key: str) -> bool:
+    return key.startswith("eval/")
+
+
+def step_series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric: every step that logged a row of the metric's kind (an evaluation row for
+    ``eval/...``, a training row otherwise), NaN where that row lacks the metric. Rows repeated at one step (a
+    resumed run's evaluation) count once, the last one."""
+    by_step: dict[int, float] = {}
+    for row in rows:
+        if "step" not in row or not any(k != "step" and is_eval_key(k) == is_eval_key(key) for k in row):
+            continue
+        value = row.get(key)
+        by_step[int(row["step"])] = float(value) if isinstance(value, (int, float)) else math.nan
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def markevery(values: Sequence[float]) -> list[bool] | None:
+    """Markers for a line: on every point of a short series, else on the isolated points (no finite neighbour),
+    which a line alone would not show."""
+    if len(values) <= 30:
+        return None
+    finite = [not math.isnan(v) for v in values]
+    return [f and not (i > 0 and finite[i - 1]) and not (i + 1 < len(finite) and finite[i + 1])
+            for i, f in enumerate(finite)]
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | None = None) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no global backend switch (a notebook keeps its inline plots)
 
@@ -27,9 +63,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | No
     for ax, (name, keys) in zip(axes.flat, PANELS):
         keys = keys or sorted({k for r in rows for k in r if k.startswith("reward/")})
         for key in keys:
-            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            if pts:
-                ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, ms=3, label=key)
+            steps, values = step_series(rows, key)
+            if any(not math.isnan(v) for v in values):
+                every = markevery(values)
+                ax.plot(steps, values, marker="o", ms=3, markevery=every if every is not None else None, label=key)
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -1,0 +1,344 @@
+"""Compare variants over seeds: curves with 95% bands, and a table of final held-out numbers with confidence
+intervals and differences to a baseline paired by seed.
+
+    fig, table = compare("runs/sweep", out="runs/sweep/compare")     # or compare([run_a, run_b, ...])
+
+Runs are grouped into variants by directory: a sweep directory holds ``<variant>/seed<k>`` runs, a variant
+directory holds ``seed<k>`` runs, and a run directory given alone is a variant of its own. A run's seed is its
+config's ``run.seed`` (else the k of ``seed<k>``); the paired difference to the baseline uses the seeds both have.
+
+Statistics, per variant, over its seeds (n of them):
+- curves: at each step, the mean of the seeds that logged the measure there, and a 95% t-interval band
+  (mean +- t(0.975, n-1) * sd / sqrt(n), no band where n < 2). A step where no seed logged it is a gap.
+- table: each run's last held-out evaluation (``eval/accuracy``, ``eval/syntax_error_rate``,
+  ``eval/exception_rate``), mean and 95% t-interval over seeds; the difference to the baseline paired by seed, mean
+  and a 95% percentile bootstrap CI over the seed pairs (exact, every resample weighted by its probability, for
+  up to 8 pairs; else 20,000 seeded resamples).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .metrics import read_metrics
+from .plot import markevery, step_series
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CURVES = [  # (panel title, metric)
+    ("reward (mean per episode)", "reward_mean"),
+    ("held-out accuracy", "eval/accuracy"),
+    ("accuracy (training episodes)", "accuracy"),
+    ("syntax errors per line", "syntax_error_rate"),
+    ("exceptions per line", "exception_rate"),
+    ("lines per episode", "lines_per_episode"),
+]
+FINAL = [  # (table column, held-out metric): each run's last evaluation
+    ("accuracy", "eval/accuracy"),
+    ("syntax_error_rate", "eval/syntax_error_rate"),
+    ("exception_rate", "eval/exception_rate"),
+]
+T975 = [12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
+        2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
+        2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272]
+"""The 0.975 quantile of Student's t with 1..30 degrees of freedom."""
+
+
+@dataclass
+class RunData:
+    variant: str
+    seed: int
+    path: Path
+    rows: list[dict[str, Any]] = field(repr=False)
+    record: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The sweep's ``sweep.json`` of the run (wall-clock), empty for a run made outside a sweep."""
+
+
+# -- statistics ---------------------------------------------------------------------------------------------------
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t (beyond 30 degrees of freedom, the Cornish-Fisher expansion)."""
+    if df < 1:
+        return math.nan
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% t-interval of the mean of the finite values (NaN bounds for fewer than 2)."""
+    import numpy as np
+
+    x = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if len(x) == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, math.nan, math.nan
+    half = t975(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, mean - half, mean + half
+
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 20_000, seed: int = 0) \
+        -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean: the smallest resampled means whose cumulative probability reaches
+    (1 - level) / 2 and (1 + level) / 2. Exact when there are few values (every multiset of n draws, weighted by its
+    multinomial probability), else ``n_boot`` resamples from a seeded generator."""
+    import numpy as np
+
+    x = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan
+    if math.comb(2 * n - 1, n) <= n_boot:
+        means, probs = [], []
+        for draw in itertools.combinations_with_replacement(range(n), n):
+            counts = np.bincount(draw, minlength=n)
+            ways = math.factorial(n) / math.prod(math.factorial(int(c)) for c in counts)
+            means.append(float(counts @ x) / n)
+            probs.append(ways / n ** n)
+        means_a, probs_a = np.asarray(means), np.asarray(probs)
+    else:
+        rng = np.random.default_rng(seed)
+        means_a = x[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
+        probs_a = np.full(n_boot, 1.0 / n_boot)
+    order = np.argsort(means_a, kind="stable")
+    sorted_means, cdf = means_a[order], np.cumsum(probs_a[order])
+    alpha = (1 - level) / 2
+
+    def quantile(q: float) -> float:
+        return float(sorted_means[min(int(np.searchsorted(cdf, q - 1e-12)), len(cdf) - 1)])
+
+    return quantile(alpha), quantile(1 - alpha)
+
+
+# -- runs on disk -------------------------------------------------------------------------------------------------
+def _is_run(path: Path) -> bool:
+    return (path / "metrics.jsonl").is_file()
+
+
+def _run_seed(path: Path, fallback: int) -> int:
+    try:
+        with open(path / "config.toml", "rb") as f:
+            return int(tomllib.load(f)["run"]["seed"])
+    except (OSError, KeyError, ValueError, TypeError, tomllib.TOMLDecodeError):
+        match = re.fullmatch(r"seed(\d+)", path.name)
+        return int(match.group(1)) if match else fallback
+
+
+def _load_run(variant: str, path: Path, index: int) -> RunData:
+    try:
+        record = json.loads((path / "sweep.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        record = {}
+    return RunData(variant, _run_seed(path, index), path, read_metrics(path), record)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir())
+
+
+def discover(paths: str | Path | Sequence[str | Path]) -> dict[str, list[RunData]]:
+    """{variant: its runs}, variants in the order given (a sweep's own order, from its sweep.json, first)."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    groups: dict[str, list[Path]] = {}
+    for given in map(Path, paths):
+        if not given.is_dir():
+            raise FileNotFoundError(f"{given} is not a directory (expected a sweep, a variant or a run directory)")
+        if _is_run(given):
+            found = {given.name: [given]}
+        elif any(_is_run(p) for p in _subdirs(given)):
+            found = {given.name: [p for p in _subdirs(given) if _is_run(p)]}
+        else:
+            found = {v.name: runs for v in _subdirs(given) if (runs := [p for p in _subdirs(v) if _is_run(p)])}
+            found = {k: found[k] for k in [*_sweep_order(given), *found] if k in found}
+        if not found:
+            raise FileNotFoundError(f"no runs in {given}: expected metrics.jsonl in it, in its subdirectories "
+                                    "(seed<k>), or in theirs (<variant>/seed<k>)")
+        for name, runs in found.items():
+            key = name if name not in groups else f"{given.name}/{name}"
+            if key in groups:
+                raise ValueError(f"variant {key!r} given twice")
+            groups[key] = runs
+    return {v: [_load_run(v, p, i) for i, p in enumerate(runs)] for v, runs in groups.items()}
+
+
+def _sweep_order(path: Path) -> list[str]:
+    try:
+        return list(json.loads((path / "sweep.json").read_text()).get("variants", []))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return []
+
+
+def final_value(rows: Sequence[dict[str, Any]], key: str) -> float:
+    """The metric in the run's last evaluation row (NaN when it never evaluated)."""
+    steps, values = step_series(rows, key)
+    return values[-1] if steps else math.nan
+
+
+def train_steps(rows: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """(last training step, episodes over all training steps)."""
+    by_step = {int(r["step"]): r for r in rows if "episodes" in r and "step" in r}
+    return max(by_step, default=0), sum(int(r["episodes"]) for r in by_step.values())
+
+
+# -- the comparison -----------------------------------------------------------------------------------------------
+def variant_curve(runs: Sequence[RunData], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps, mean, band low, band high) of one metric over a variant's seeds: at each step logged by any seed,
+    the mean and 95% t-interval of the seeds that have a value there (NaN where none has)."""
+    per_run = [dict(zip(*step_series(r.rows, key))) for r in runs]
+    steps = sorted({s for d in per_run for s in d})
+    mean, low, high = [], [], []
+    for s in steps:
+        m, lo, hi = mean_ci([d.get(s, math.nan) for d in per_run])
+        mean.append(m)
+        low.append(lo)
+        high.append(hi)
+    return steps, mean, low, high
+
+
+def reward_terms(variants: dict[str, list[RunData]]) -> list[str]:
+    return sorted({k for runs in variants.values() for r in runs for row in r.rows for k in row
+                   if k.startswith("reward/")})
+
+
+def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
+    """One panel per measure (CURVES, then each reward term); per variant its mean over seeds and a 95% band."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    panels = CURVES + [(f"{key} (mean per episode)", key) for key in reward_terms(variants)]
+    cols = 3
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(5 * cols, 3.4 * rows))
+    axes = list(fig.subplots(rows, cols, squeeze=False).flat)
+    colors = [f"C{i % 10}" for i in range(len(variants))]
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, key) in zip(axes, panels):
+        for color, (variant, runs) in zip(colors, variants.items()):
+            steps, mean, low, high = variant_curve(runs, key)
+            if not any(not math.isnan(v) for v in mean):
+                continue
+            every = markevery(mean)
+            ax.plot(steps, mean, color=color, marker="o", ms=3, markevery=every, label=f"{variant} (n={len(runs)})")
+            ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    with_lines = [ax for ax in axes if ax.lines]
+    if with_lines:
+        fig.legend(*with_lines[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
+    fig.suptitle(title or "mean over seeds, 95% t-interval band", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.88, 0.97))
+    return fig
+
+
+def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]:
+    """(one row per variant, one row per run) as DataFrames."""
+    import pandas as pd
+
+    runs = []
+    for variant, rs in variants.items():
+        for r in rs:
+            steps, episodes = train_steps(r.rows)
+            runs.append({"variant": variant, "seed": r.seed, "steps": steps, "episodes": episodes,
+                         "wall_s": float(r.record.get("wall_s", math.nan)),
+                         **{col: final_value(r.rows, key) for col, key in FINAL}, "run_dir": str(r.path)})
+    per_run = pd.DataFrame(runs)
+    base = per_run[per_run.variant == baseline].set_index("seed")
+    rows = []
+    for variant, group in per_run.groupby("variant", sort=False):
+        row: dict[str, Any] = {"variant": variant, "seeds": len(group)}
+        mine = group.set_index("seed")
+        paired = [s for s in mine.index if s in base.index]
+        for col, _ in FINAL:
+            row[f"{col}_mean"], row[f"{col}_lo"], row[f"{col}_hi"] = mean_ci(list(group[col]))
+            diffs = [mine.at[s, col] - base.at[s, col] for s in paired] if variant != baseline else []
+            diffs = [d for d in diffs if not math.isnan(d)]
+            row[f"{col}_diff"] = float(sum(diffs) / len(diffs)) if diffs else math.nan
+            row[f"{col}_diff_lo"], row[f"{col}_diff_hi"] = bootstrap_ci(diffs)
+            row[f"{col}_pairs"] = len(diffs)
+        for col in ("wall_s", "steps", "episodes"):
+            row[f"{col}_mean"] = float(group[col].mean())
+        rows.append(row)
+    return pd.DataFrame(rows), per_run
+
+
+def markdown(table: Any, per_run: Any, baseline: str) -> str:
+    """The two tables as markdown: variants (final held-out numbers, CIs, paired differences), then runs."""
+    def num(v: float, sign: bool = False) -> str:
+        return "-" if v is None or math.isnan(v) else (f"{v:+.3f}" if sign else f"{v:.3f}")
+
+    def ci(lo: float, hi: float, sign: bool = False) -> str:
+        return "" if math.isnan(lo) else f" [{num(lo, sign)}, {num(hi, sign)}]"
+
+    names = {"accuracy": "accuracy", "syntax_error_rate": "syntax errors/line", "exception_rate": "exceptions/line"}
+    head = ["variant", "seeds"]
+    for col, _ in FINAL:
+        head += [names[col], f"diff {names[col]}"]
+    head += ["wall-clock s/run", "steps/run", "episodes/run"]
+    lines = [f"Final held-out values: mean over seeds [95% t-interval]. diff: minus `{baseline}`, paired by seed, "
+             "mean [95% bootstrap CI] (n pairs).", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for r in table.to_dict("records"):
+        cells = [f"`{r['variant']}`", str(r["seeds"])]
+        for col, _ in FINAL:
+            cells.append(num(r[f"{col}_mean"]) + ci(r[f"{col}_lo"], r[f"{col}_hi"]))
+            cells.append("(baseline)" if r["variant"] == baseline else
+                         num(r[f"{col}_diff"], True) + ci(r[f"{col}_diff_lo"], r[f"{col}_diff_hi"], True)
+                         + f" ({r[f'{col}_pairs']})")
+        cells += [f"{r['wall_s_mean']:.0f}" if not math.isnan(r["wall_s_mean"]) else "-",
+                  f"{r['steps_mean']:g}", f"{r['episodes_mean']:g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| variant | seed | steps | episodes | wall-clock s | accuracy | syntax errors/line | "
+              "exceptions/line | run |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in per_run.to_dict("records"):
+        wall = "-" if math.isnan(r["wall_s"]) else f"{r['wall_s']:.0f}"
+        lines.append(f"| `{r['variant']}` | {r['seed']} | {r['steps']} | {r['episodes']} | {wall} | "
+                     f"{num(r['accuracy'])} | {num(r['syntax_error_rate'])} | {num(r['exception_rate'])} | "
+                     f"{r['run_dir']} |")
+    return "\n".join(lines) + "\n"
+
+
+def compare(paths: str | Path | Sequence[str | Path], out: str | Path | None = None,
+            baseline: str | None = None) -> tuple[Any, Any]:
+    """(figure, table) for the runs under ``paths`` (sweep, variant or run directories); with ``out``, also writes
+    ``compare.png``, ``summary.md`` (both tables), ``variants.csv`` and ``runs.csv`` there.
+
+    The table has one row per variant: ``seeds``; for accuracy, syntax_error_rate and exception_rate (each run's
+    last held-out evaluation) ``<m>_mean``, ``<m>_lo``, ``<m>_hi`` (95% t-interval over seeds) and ``<m>_diff``,
+    ``<m>_diff_lo``, ``<m>_diff_hi``, ``<m>_pairs`` (minus the baseline, paired by seed, 95% bootstrap CI); and
+    ``wall_s_mean``, ``steps_mean``, ``episodes_mean``. ``pd.DataFrame(table.attrs["runs"])`` has one row per run
+    (variant, seed, steps, episodes, wall_s, the final held-out values, run_dir) and ``table.attrs["baseline"]``
+    names the baseline (default: the first variant)."""
+    variants = discover(paths)
+    baseline = baseline or next(iter(variants))
+    if baseline not in variants:
+        raise ValueError(f"baseline {baseline!r} is not a variant here; variants: {', '.join(variants)}")
+    fig = figure(variants, title=f"{len(variants)} variants: mean over seeds with a 95% t-interval band")
+    table, per_run = tables(variants, baseline)
+    table.attrs.update(runs=per_run.to_dict("records"), baseline=baseline)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out / "compare.png", dpi=90)
+        (out / "summary.md").write_text(markdown(table, per_run, baseline))
+        table.to_csv(out / "variants.csv", index=False)
+        per_run.to_csv(out / "runs.csv", index=False)
+    return fig, table
