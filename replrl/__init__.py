@@ -11,6 +11,8 @@ The Python API (what the ``replrl`` command does, for notebooks and scripts; eac
     replrl.show(trajs)                                         # transcripts as HTML, coloured by who wrote them
     replrl.save_jsonl(trajs, "r.jsonl"); replrl.load_jsonl("r.jsonl")
     replrl.plot_run("runs/nb")                                 # the run's curves as a PNG
+    replrl.sweep("examples/sweep_smoke.toml", "runs/sw", parallel=2)   # variants x seeds, each its own process
+    fig, table = replrl.compare("runs/sw", out="runs/sw/compare")       # curves with 95% bands, a table with CIs
 """
 
 from __future__ import annotations
@@ -31,14 +33,20 @@ _EXPORTS = {
     "viewer": ["show", "load_jsonl", "save_jsonl", "LiveCurve", "trajectory_html"],
     "plot": ["plot_run"],
     "metrics": ["read_metrics"],
+    "sweep": ["sweep"],
+    "compare": ["compare"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [  # the names of _EXPORTS, spelled out for linters and editors
     "AdvantageConfig", "Config", "ConfigError", "Line", "LiveCurve", "LossConfig", "ModelConfig", "OptimConfig",
-    "RewardConfig", "RolloutConfig", "RunConfig", "StepResult", "TaskConfig", "Trainer", "Trajectory", "evaluate",
-    "load_config", "load_jsonl", "plot_run", "read_metrics", "sample_episodes", "save_jsonl", "show", "summarize",
-    "train", "trajectory_html",
+    "RewardConfig", "RolloutConfig", "RunConfig", "StepResult", "TaskConfig", "Trainer", "Trajectory", "compare",
+    "evaluate", "load_config", "load_jsonl", "plot_run", "read_metrics", "sample_episodes", "save_jsonl", "show",
+    "summarize", "sweep", "train", "trajectory_html",
 ]
+# Imported now, not on first use: these functions share their module's name, and a lazy export would be shadowed by
+# the module itself once anything imports replrl.sweep or replrl.compare (both are light: no torch, no pandas).
+from .compare import compare  # noqa: E402
+from .sweep import sweep  # noqa: E402
 
 if TYPE_CHECKING:
     from .api import evaluate, load_config, sample_episodes, train

@@ -53,11 +53,20 @@ def markevery(values: Sequence[float]) -> list[bool] | None:
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | None = None) -> Path:
-    from matplotlib.figure import Figure  # no pyplot: no global backend switch (a notebook keeps its inline plots)
-
+    """The run's curves as a PNG (default ``RUN_DIR/curves.png``); returns its path."""
     rows = read_metrics(run_dir)
     if not rows:
         raise FileNotFoundError(f"no metrics in {run_dir} (expected {Path(run_dir) / 'metrics.jsonl'})")
+    fig = run_figure(rows, title or f"replrl run: {Path(run_dir).resolve().name}")
+    out = Path(out) if out else Path(run_dir) / "curves.png"
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def run_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
+    """A matplotlib Figure of a run's metrics rows, one panel per entry of PANELS."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend switch (a notebook keeps its inline plots)
+
     fig = Figure(figsize=(15, 8))
     axes = fig.subplots(2, 3)
     for ax, (name, keys) in zip(axes.flat, PANELS):
@@ -65,15 +74,12 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | No
         for key in keys:
             steps, values = step_series(rows, key)
             if any(not math.isnan(v) for v in values):
-                every = markevery(values)
-                ax.plot(steps, values, marker="o", ms=3, markevery=every if every is not None else None, label=key)
+                ax.plot(steps, values, marker="o", ms=3, markevery=markevery(values), label=key)
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.suptitle(title or f"replrl run: {Path(run_dir).resolve().name}")
+    fig.suptitle(title)
     fig.tight_layout()
-    out = Path(out) if out else Path(run_dir) / "curves.png"
-    fig.savefig(out, dpi=100)
-    return out
+    return fig

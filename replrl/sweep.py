@@ -381,7 +381,8 @@ class _Sweeper:
                     self._signal_all(signal.SIGINT)
                 raise
         if self.failed:
-            raise SweepError(f"{len(self.failed)} of {len(self.runs)} runs failed: {', '.join(self.failed)} "
+            failed = [r.name for r in self.runs if r.name in self.failed]  # in the spec's order
+            raise SweepError(f"{len(failed)} of {len(self.runs)} runs failed: {', '.join(failed)} "
                              "(each run's train.log has its output)", [r.run_dir for r in self.runs])
         return [r.run_dir for r in self.runs]
 

@@ -1,0 +1,202 @@
+"""`replrl sweep`: examples/sweep_smoke.toml run for real (each run its own `replrl train` process, tiny model, real
+kernels), skipped when finished, resumed when interrupted; --print; and one-line errors for bad specs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replrl.cli import build_parser, main
+from replrl.config import Config
+from replrl.configlib import ConfigError, overrides_from_args, resolve
+from replrl.metrics import read_metrics
+from replrl.sweep import plan, sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "examples" / "sweep_smoke.toml"
+RUNS = ["base/seed0", "no_syntax_penalty/seed0", "base/seed1", "no_syntax_penalty/seed1"]
+_SMOKE: dict = {}
+
+
+def smoke_sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """examples/sweep_smoke.toml swept once per test session (tests/test_compare.py reuses it): (out, its lines)."""
+    if not _SMOKE:
+        out = tmp_path_factory.mktemp("smoke-sweep") / "out"
+        lines: list[str] = []
+        dirs = sweep(SPEC, out, parallel=2, progress=lines.append)
+        _SMOKE.update(out=out, lines=lines, dirs=dirs)
+    return _SMOKE["out"], _SMOKE["lines"]
+
+
+def train_steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(run_dir) if "episodes" in r]
+
+
+def eval_steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(run_dir) if "eval/accuracy" in r]
+
+
+def test_sweep_trains_every_variant_and_seed(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out, lines = smoke_sweep_dir(tmp_path_factory)
+    assert _SMOKE["dirs"] == [out / name for name in RUNS]  # seed by seed, variants in the spec's order
+    assert len(lines) == 4 and sorted(line.split()[1] for line in lines) == sorted(RUNS)
+    for k, line in enumerate(lines, 1):
+        assert re.fullmatch(rf"\[{k}/4\] \S+/seed[01] \.\.\. done 2 steps \d+ s", line), line
+    for name in RUNS:
+        run = out / name
+        assert train_steps(run) == [1, 2] and eval_steps(run) == [0, 2]
+        record = json.loads((run / "sweep.json").read_text())
+        assert record["status"] == "done" and record["steps"] == 2 and record["episodes"] == 4
+        assert record["wall_s"] > 0 and [a["action"] for a in record["attempts"]] == ["start"]
+        cfg = resolve(Config, str(run / "config.toml"), {})
+        seed = int(name[-1])
+        assert cfg.run.seed == cfg.rollout.seed == seed and cfg.run.max_steps == 2 and cfg.run.time_budget_min == 0
+        assert cfg.rollout.group_size == 2 and cfg.run.eval_n == 2 and cfg.model.name == "tiny"
+        weights = Config().rewards.weights
+        if name.startswith("no_syntax_penalty"):  # one entry changed, the others kept
+            weights = {**weights, "syntax_error": 0.0}
+        assert cfg.rewards.weights == weights
+    assert json.loads((out / "sweep.json").read_text())["variants"] == ["base", "no_syntax_penalty"]
+
+
+def test_rerun_skips_finished_runs_resumes_an_interrupted_one_and_reports_failures(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out, _ = smoke_sweep_dir(tmp_path_factory)
+    # A sweep killed while no_syntax_penalty/seed1 was between its checkpoints: its last complete checkpoint is
+    # step 1, and the sweep never recorded its end (kill -9 leaves exactly this).
+    victim = out / "no_syntax_penalty" / "seed1"
+    (victim / "sweep.json").unlink()
+    shutil.rmtree(victim / "checkpoints" / "step-000002")
+    (victim / "checkpoints" / "LATEST").write_text("step-000001")
+    # The same sweep plus a variant whose runs fail (a model that does not exist): the others still run.
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.read_text().replace('config = "smoke.toml"', f'config = "{SPEC.parent / "smoke.toml"}"')
+                    + '\n[variants.broken]\n"model.name" = "/nonexistent/model"\n')
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out), "--parallel", "2"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) == 6, lines
+    assert sorted(ln.split(" ... ")[1] for ln in lines if "skipped" in ln) == ["skipped (done: 2 steps)"] * 3
+    (resumed,) = [ln for ln in lines if "no_syntax_penalty/seed1" in ln]
+    assert re.search(r" \.\.\. resumed from step 1, done 2 steps \d+ s$", resumed), resumed
+    failed = [ln for ln in lines if "broken/" in ln]
+    assert len(failed) == 2 and all("FAILED (exit 1)" in ln and "/nonexistent/model" in ln for ln in failed), failed
+    err = captured.err.strip().splitlines()
+    assert err == ["replrl sweep: error: SweepError: 2 of 6 runs failed: broken/seed0, broken/seed1 (each run's "
+                   "train.log has its output)"]
+    # the resumed run continued at step 2: one series, no repeated steps
+    assert train_steps(victim) == [1, 2] and eval_steps(victim) == [0, 2]
+    record = json.loads((victim / "sweep.json").read_text())
+    assert record["status"] == "done" and [a["action"] for a in record["attempts"]] == ["resume"]
+    # once more, with the example spec: every run is done, nothing starts
+    t0 = time.monotonic()
+    assert main(["sweep", str(SPEC), "--out", str(out), "--parallel", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert time.monotonic() - t0 < 5
+    assert sum("skipped (done: 2 steps)" in ln for ln in lines) == 4 and lines[-1].startswith("sweep: 4 runs in")
+
+
+def test_print_writes_one_train_command_per_run(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    fresh = tmp_path / "fresh"
+    assert main(["sweep", str(SPEC), "--out", str(fresh), "--print"]) == 0
+    commands = capsys.readouterr().out.splitlines()
+    runs = plan(SPEC, fresh)
+    assert len(commands) == 4
+    parser = build_parser()
+    for command, run in zip(commands, runs):
+        argv = shlex.split(command)
+        assert argv[:2] == ["replrl", "train"] and "--resume" not in argv
+        args = parser.parse_args(argv[1:])  # what `replrl train` would parse, and the config it would resolve
+        assert args.run_dir == str(run.run_dir)
+        assert resolve(Config, args.config, overrides_from_args(args)) == run.cfg
+    assert not any(fresh.glob("*/seed*"))  # nothing ran
+    # a finished sweep has nothing to print; with the budget raised, every run continues from its checkpoint
+    out, _ = smoke_sweep_dir(tmp_path_factory)
+    assert main(["sweep", str(SPEC), "--out", str(out), "--print"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("# 4 runs already done")
+    assert main(["sweep", str(SPEC), "--out", str(out), "--print", "--steps", "3"]) == 0
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 4
+    assert all(c.endswith(" --resume") and " --run.max_steps=3 " in c for c in commands)
+
+
+def test_override_forms_and_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "terms.py").write_text("def prints(line, trajectory):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {"seeds": [3], "steps": 2, "base": {"model": {"name": "tiny"}, "rollout.group_size": 2},
+            "variants": {
+                "dotted": {"rewards.weights.syntax_error": 0.0, "task.options.n": 5},
+                "nested": {"rewards": {"weights": {"syntax_error": 0.0}}, "task": {"options": {"n": 5}}},
+                "by_path": {"rewards.weights.my_pkg.terms:prints": 0.5},  # a term named with dots: one key
+                "longer": {"run.max_steps": 7, "run.time_budget_min": 1.5}}}
+    runs = {r.variant: r for r in plan(spec, tmp_path)}
+    assert runs["dotted"].cfg == runs["nested"].cfg
+    assert runs["dotted"].cfg.rewards.weights == {**Config().rewards.weights, "syntax_error": 0.0}
+    assert runs["by_path"].cfg.rewards.weights["my_pkg.terms:prints"] == 0.5
+    assert runs["dotted"].cfg.run.seed == runs["dotted"].cfg.rollout.seed == 3
+    assert runs["dotted"].cfg.run.time_budget_min == 0  # not Config's 15 minutes: a sweep's budget is its steps
+    assert (runs["dotted"].cfg.run.max_steps, runs["longer"].cfg.run.max_steps) == (2, 7)
+    assert runs["longer"].cfg.run.time_budget_min == 1.5
+    assert {r.cfg.run.max_steps for r in plan(spec, tmp_path, steps=4)} == {4}  # --steps wins over everything
+    assert runs["dotted"].run_dir == tmp_path / "dotted" / "seed3"
+
+
+def test_a_changed_spec_does_not_reuse_a_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out, _ = smoke_sweep_dir(tmp_path_factory)
+    spec = SPEC.read_text().replace('config = "smoke.toml"', f'config = "{SPEC.parent / "smoke.toml"}"')
+    changed = tmp_path_factory.mktemp("changed") / "spec.toml"
+    changed.write_text(spec.replace('"rewards.weights.syntax_error" = 0.0', '"rewards.weights.syntax_error" = -1.0'))
+    with pytest.raises(ConfigError, match=r"holds a run made with another config \(its rewards.weights differ"):
+        sweep(changed, out, progress=False)
+
+
+BAD_SPECS = [
+    ('seed = [0]\n[variants.a]\n', "unknown sweep key 'seed' (did you mean 'seeds'?)"),
+    ('[variants.a]\n"rewards.wieghts.syntax_error" = 0.0\n',
+     "variant 'a': unknown config key 'rewards.wieghts' (did you mean 'rewards.weights'?)"),
+    ('[variants.a]\n"run.eval_n" = "many"\n', "variant 'a': run.eval_n must be int; got 'many'"),
+    ('[variants.a]\n"rewards.weights.bogus" = 0.1\n', "unknown reward term 'bogus'"),
+    ('[variants.a]\n"run.seed" = 1\n', "variant 'a' sets run.seed: the spec's seeds set it"),
+    ('[base]\nmodel = "tiny"\n[variants.a]\n', "[base]: override 'model' needs a field"),
+    ('seeds = [0, 0]\n[variants.a]\n', "seeds must be a list of distinct integers >= 0"),
+    ('steps = 0\n[variants.a]\n', "steps must be an integer >= 1"),
+    ('config = "missing.toml"\n[variants.a]\n', "missing.toml' does not exist"),
+    ('[variants."a/b"]\n', "variant name 'a/b' must be a plain directory name"),
+    ('seeds = [0]\n', "no variants"),
+    ('[variants.a\n', "is not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_SPECS, ids=[m.split(":")[0][:30] for _, m in BAD_SPECS])
+def test_bad_spec_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, text: str, message: str) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("replrl sweep: error: ") and message in err, err
+    assert not (tmp_path / "out").exists()  # validated before anything is written or started
+
+
+def test_bad_spec_exits_1_from_the_command_line(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text('[variants.a]\n"optim.lr" = "fast"\n')
+    proc = subprocess.run([sys.executable, "-m", "replrl", "sweep", str(spec), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [f"replrl sweep: error: ConfigError: {spec}: variant 'a': optim.lr "
+                                                "must be float; got 'fast'"]
+    proc = subprocess.run([sys.executable, "-m", "replrl", "sweep", str(SPEC), "--out", str(tmp_path / "o"),
+                           "--parallel", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and "--parallel must be >= 1" in proc.stderr
