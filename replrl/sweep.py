@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
-from .configlib import ConfigError, _unknown, build, load_file, merge, sections, to_dict
+from .configlib import ConfigError, _unknown, build, load_file, merge, resolve, sections, to_dict
 
 SPEC_KEYS = ("config", "seeds", "steps", "time_budget_min", "base", "variants")
 RUN_RECORD = "sweep.json"
@@ -131,7 +131,7 @@ def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | Non
         file = _shown(root / raw["config"])
     file_values = load_file(file) if file else {}
     try:
-        file_cfg = build(Config, merge(to_dict(Config()), file_values))
+        file_cfg = resolve(Config, file, {})
     except ValueError as err:
         raise fail(f"config {file}: {err}") from None
     if budget is None:
@@ -148,12 +148,15 @@ def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | Non
             values["run"]["time_budget_min"] = budget
             if raw.get("steps") is not None:
                 values["run"]["max_steps"] = raw["steps"]
-            for label, overrides in (("[base]", base_overrides), (f"variant {name!r}", _overrides(table, name, fail))):
+            mine = f"variant {name!r}"
+            explicit = set()
+            for label, overrides in (("[base]", base_overrides), (mine, _overrides(table, mine, fail))):
                 for (sec, field, entry), value in overrides.items():
                     if (sec, field) in SEED_FIELDS:
                         raise fail(f"{label} sets {sec}.{field}: the spec's seeds set it")
                     if sec not in values or not isinstance(values[sec], dict) or field not in values[sec]:
                         raise fail(f"{label}: {_unknown(f'{sec}.{field}', _all_keys())}")
+                    explicit.add((sec, field))
                     if entry is None:
                         values[sec][field] = value
                     elif isinstance(values[sec][field], dict):
@@ -163,12 +166,13 @@ def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | Non
             values["run"]["seed"] = values["rollout"]["seed"] = seed
             if steps is not None:
                 values["run"]["max_steps"] = steps
-            try:
-                cfg = build(Config, values)
+            flags = _changed(values, to_dict(file_cfg), explicit)
+            try:  # what `replrl train FILE --section.field=VALUE ...` resolves (task-implied defaults included)
+                cfg = resolve(Config, file, flags)
             except ValueError as err:
                 raise fail(f"variant {name!r}: {err}") from None
             run_dir = Path(out) / name / f"seed{seed}"
-            runs.append(Run(name, seed, run_dir, cfg, _train_args(cfg, file_cfg, file, run_dir)))
+            runs.append(Run(name, seed, run_dir, cfg, _train_args(flags, file, run_dir)))
     return runs
 
 
@@ -201,18 +205,20 @@ def _all_keys() -> list[str]:
     return [f"{s}.{f.name}" for s, c in sections(Config).items() for f in dataclasses.fields(c)]
 
 
-def _train_args(cfg: Config, file_cfg: Config, file: str | None, run_dir: Path) -> list[str]:
-    """The ``replrl train`` arguments that build ``cfg``: the file, then every field that differs from it. The seeds
-    and the budget are always given, so a resumed run takes them from the spec, not from its saved config."""
-    args = [file] if file else []
-    args.append(f"--run-dir={run_dir}")
-    mine, theirs = to_dict(cfg), to_dict(file_cfg)
-    always = {*SEED_FIELDS, ("run", "max_steps"), ("run", "time_budget_min")}
-    for sec, values in mine.items():
-        for field, value in values.items():
-            if value != theirs[sec][field] or (sec, field) in always:
-                args.append(f"--{sec}.{field}={_flag_value(value)}")
-    return args
+def _changed(values: dict[str, Any], file_values: dict[str, Any], explicit: set[tuple[str, str]]) \
+        -> dict[str, dict[str, Any]]:
+    """{section: {field: value}} of what the spec sets or what differs from the base config file, and the seeds and
+    the budget always: a resumed run takes them from the spec, not from its saved config, and a field set to what
+    the file has stays set when a variant's task would imply another default."""
+    always = {*SEED_FIELDS, ("run", "max_steps"), ("run", "time_budget_min"), *explicit}
+    return {sec: changed for sec, fields in values.items()
+            if (changed := {f: v for f, v in fields.items() if v != file_values[sec][f] or (sec, f) in always})}
+
+
+def _train_args(flags: dict[str, dict[str, Any]], file: str | None, run_dir: Path) -> list[str]:
+    """The ``replrl train`` arguments: the file, --run-dir, one --section.field=VALUE per flag."""
+    return [*([file] if file else []), f"--run-dir={run_dir}",
+            *(f"--{sec}.{field}={_flag_value(v)}" for sec, fields in flags.items() for field, v in fields.items())]
 
 
 def _flag_value(value: Any) -> str:
