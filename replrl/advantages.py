@@ -1,8 +1,10 @@
 """Group-relative advantages: how line rewards and the final outcome become per-token advantages.
 
 Every estimator is a pure function of a padded batch (see ``batch_tensors``) and returns ``adv [B, T]``, zero
-wherever ``loss_mask`` is 0. Built-ins: ``"outcome"`` (GRPO: one number per episode) and ``"line"`` (per-line
-return-to-go, normalised per line index, mixed with the outcome advantage). Add your own by name::
+wherever ``loss_mask`` is 0. Built-ins: ``"outcome"`` (GRPO: one number per episode), ``"line"`` (per-line
+return-to-go, normalised per line index, mixed with the outcome advantage; biased when episodes differ in length) and
+``"line_rtg"`` (per-line return-to-go minus the leave-one-out mean return of the group: unbiased). Add your own by
+name; it receives only the options it declares::
 
     @advantage_estimator("last_line_only")
     def last_line_only(batch, **opts): ...          # -> [B, T]
@@ -12,6 +14,7 @@ return-to-go, normalised per line index, mixed with the outcome advantage). Add 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -38,10 +41,24 @@ def advantage_estimator(name: str) -> Callable[[Estimator], Estimator]:
 
 
 def compute_advantages(kind: str, batch: dict[str, Tensor], **opts) -> Tensor:
-    """Per-token advantages [B, T] from the estimator registered as ``kind`` ("outcome", "line", or yours)."""
+    """Per-token advantages [B, T] from the estimator registered as ``kind`` ("outcome", "line", "line_rtg", or
+    yours). Of ``opts`` the estimator gets the ones it declares (all of them if it takes ``**opts``), so the trainer
+    passes every field of ``AdvantageConfig``: ``compute_advantages(cfg.estimator, batch, **vars(cfg))``."""
     if kind not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {kind!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[kind](batch, **opts)
+    fn = ADVANTAGE_ESTIMATORS[kind]
+    params = inspect.signature(fn).parameters
+    if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        opts = {k: v for k, v in opts.items() if k in params}
+    return fn(batch, **opts)
+
+
+def correct_negative(adv: Tensor, loss_mask: Tensor, correct: Tensor) -> tuple[int, int]:
+    """(correct episodes with a negative advantage on any sampled token, correct episodes): the trainer logs the
+    ratio as ``adv/correct_negative_frac``. Summed line penalties can push a correct episode below zero (AdaTIR)."""
+    negative = ((adv < 0) & (loss_mask > 0)).any(-1)                       # [B]
+    correct = correct.bool()                                               # [B]
+    return int((negative & correct).sum()), int(correct.sum())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -76,6 +93,11 @@ def group_normalize(x: Tensor, group: Tensor, scale: Scale = "std", eps: float =
     return _group_norm(x[:, None], present[:, None], group, scale, eps)[:, 0]  # [B]
 
 
+def _floating(x: Tensor) -> Tensor:
+    """x as float32, or as itself when it is already float64 (the exact tests run in float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def per_token(adv: Tensor, loss_mask: Tensor) -> Tensor:
     """Broadcast one advantage per episode [B] onto its sampled tokens: [B, T], 0 where loss_mask is 0."""
     return adv[:, None] * loss_mask.float()                                # [B, T]
@@ -95,9 +117,9 @@ def line_returns(line_rewards: Tensor, n_lines: Tensor, gamma: float = 1.0) -> T
     L = line_rewards.shape[1]
     ar = torch.arange(L, device=line_rewards.device)                       # [L]
     real = ar[None, :] < n_lines[:, None]                                  # [B, L]
-    r = line_rewards.float() * real                                        # [B, L]
+    r = _floating(line_rewards) * real                                     # [B, L]
     power = (ar[None, :] - ar[:, None]).clamp(min=0).float()               # [L(l), L(k)]  k - l
-    discount = torch.full((L, L), float(gamma), device=r.device).pow(power).triu()  # [L, L]  gamma^(k-l), k >= l
+    discount = torch.full((L, L), float(gamma), device=r.device, dtype=r.dtype).pow(power).triu()  # [L, L]
     return r @ discount.T                                                  # [B, L]
 
 
@@ -150,6 +172,65 @@ def line_advantages(
     return torch.where(has_line, mixed, outcome_part)                      # [B, T]
 
 
+def line_rtg_advantages(
+    line_rewards: Tensor,
+    n_lines: Tensor,
+    outcome: Tensor,
+    group: Tensor,
+    line_index: Tensor,
+    loss_mask: Tensor,
+    scale: Scale = "none",
+    min_std: float = 1e-4,
+) -> Tensor:
+    """Unbiased per-line credit: each line's return-to-go minus a baseline its own episode does not affect -> [B, T].
+
+    For episode i with line rewards r_ik (k < n_i), outcome reward o_i and return R_i = o_i + sum_k r_ik, line l gets
+        A_il = G_il - b_i,   G_il = sum_{l <= k < n_i} r_ik + o_i   (its own and later line rewards, and the outcome)
+        b_i  = mean of R_j over the other episodes j of i's group (leave-one-out; 0 in a group of one).
+    Every sampled token of line l carries A_il; a sampled token in no line (``line_index == -1``) carries R_i - b_i.
+
+    Why it is unbiased. The tokens of line l are sampled before line l runs, so the rewards of earlier lines are
+    already fixed when they are chosen: dropping them from G_il removes only noise (E[grad log pi(a) * r] = 0 for a
+    reward decided before a). b_i is computed from the other episodes, which are sampled independently of episode i,
+    so E[grad log pi(a) * b_i] = E[b_i] * E[grad log pi(a)] = 0. Hence the expected gradient of
+    sum_i sum_t A_it * log pi(a_it) over a group is exactly G times the gradient of the expected return, whatever
+    the episodes' lengths (tests/test_shaping.py checks it by enumeration). The ``line`` estimator, which compares
+    line l only with the episodes that reached line l, is not.
+
+    scale="none" (the default here) is the exactly unbiased choice. scale="std" divides by the population std of the
+    group's returns R (episode i included), GRPO's usual compromise: the advantage's size no longer depends on the
+    reward units and no group dominates, but the divisor depends on episode i, so the estimate is biased (slightly, and
+    in a way that is not a constant factor: a group whose returns differ little is amplified). A group whose std is
+    below ``min_std`` is not divided (equal returns would otherwise blow up lines whose returns-to-go differ).
+
+    Exactly unbiased also means the loss sums advantages over tokens (``loss.agg = "constant"``); ``token_mean``
+    divides by the batch's token count, a random quantity, as every GRPO trainer does.
+    """
+    if scale not in ("std", "none"):
+        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    L = line_rewards.shape[1]
+    real = torch.arange(L, device=line_rewards.device)[None, :] < n_lines[:, None]   # [B, L]
+    r = _floating(line_rewards) * real                                     # [B, L]
+    o = outcome.to(r.dtype)                                                # [B]
+    to_go = line_returns(r, n_lines, 1.0) + o[:, None]                     # [B, L]  G_il
+    total = o + r.sum(-1)                                                  # [B]     R_i
+    same = group[:, None] == group[None, :]                                # [B, B]
+    others = (same & ~torch.eye(len(group), dtype=torch.bool, device=group.device)).to(r.dtype)  # [B, B]
+    baseline = (others @ total) / others.sum(1).clamp(min=1)               # [B]     b_i (0 alone)
+    line_adv = to_go - baseline[:, None]                                   # [B, L]
+    episode_adv = total - baseline                                         # [B]
+    if scale == "std":
+        peers = same.to(r.dtype)                                           # [B, B]
+        diff = total[:, None] - total[None, :]                             # [B, B]  exact 0 for equal returns
+        std = ((peers * diff**2).sum(1) / (2 * peers.sum(1))).sqrt()       # [B]     population std of the group
+        denom = torch.where(std > min_std, std, torch.ones_like(std))      # [B]
+        line_adv, episode_adv = line_adv / denom[:, None], episode_adv / denom
+    has_line = (line_index >= 0) & (loss_mask > 0)                         # [B, T]
+    line_part = line_adv.gather(1, line_index.clamp(min=0))                # [B, T]
+    episode_part = episode_adv[:, None] * loss_mask.to(r.dtype)            # [B, T]
+    return torch.where(has_line, line_part, episode_part)                  # [B, T]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Built-in estimators
 
@@ -166,6 +247,12 @@ def _line(batch: dict[str, Tensor], gamma: float = 1.0, line_weight: float = 0.5
     return line_advantages(*(batch[k] for k in keys), gamma=gamma, line_weight=line_weight, scale=scale)  # [B, T]
 
 
+@advantage_estimator("line_rtg")
+def _line_rtg(batch: dict[str, Tensor], scale: Scale = "none") -> Tensor:
+    keys = ("line_rewards", "n_lines", "outcome", "group", "line_index", "loss_mask")
+    return line_rtg_advantages(*(batch[k] for k in keys), scale=scale)  # [B, T]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Trajectories -> padded tensors
 
@@ -176,7 +263,7 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
     Returns input_ids [B, T] long (pad_id), attention_mask [B, T] long, loss_mask [B, T] float (1 exactly on
     sampled tokens), old_logprobs [B, T] float (0 where loss_mask is 0), line_index [B, T] long (line of each
     sampled token from ``Line.token_span``, -1 elsewhere), line_rewards [B, L] float (sum of the line's terms,
-    0-padded), n_lines [B] long, outcome [B] float (sum of ``outcome_rewards``), group [B] long.
+    0-padded), n_lines [B] long, outcome [B] float (sum of ``outcome_rewards``), group [B] long, correct [B] bool.
     """
     if not trajectories:
         raise ValueError("batch_tensors needs at least one trajectory")
@@ -214,4 +301,5 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
         "n_lines": torch.tensor([len(tr.lines) for tr in trajectories], dtype=torch.long),
         "outcome": torch.tensor([float(sum(tr.outcome_rewards.values())) for tr in trajectories]),
         "group": torch.tensor([tr.group for tr in trajectories], dtype=torch.long),
+        "correct": torch.tensor([bool(tr.correct) for tr in trajectories], dtype=torch.bool),
     }

@@ -84,7 +84,7 @@ def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None
     with _kernels(cfg, task, wave * group_size) as pool:
         for start in range(0, len(chosen), wave):
             part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave],
-                                       RewardModel(cfg.rewards.weights), cfg.rollout.sampling(),
+                                       RewardModel.from_config(cfg.rewards), cfg.rollout.sampling(),
                                        EpisodeRules.from_config(cfg.rollout), group_size=group_size,
                                        chat_template=cfg.model.chat_template))
             trajs += part

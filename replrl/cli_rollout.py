@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         async with KernelPool(size=wave * args.group_size, limits=cfg.rollout.limits(), tools=task.tools) as pool:
             for start in range(0, len(chosen), wave):
                 part, st = await rollout(generator, pool, task, chosen[start:start + wave],
-                                         RewardModel(cfg.rewards.weights), cfg.rollout.sampling(), rules,
+                                         RewardModel.from_config(cfg.rewards), cfg.rollout.sampling(), rules,
                                          group_size=args.group_size, chat_template=cfg.model.chat_template,
                                          progress=bar)
                 trajs += part

@@ -124,30 +124,34 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    weights: dict[str, float] = field(default_factory=lambda: {
+    weights: dict[str, Any] = field(default_factory=lambda: {
         "correct": 1.0, "wrong": 0.0, "no_submit": -0.2,
         "syntax_error": -0.3, "exception": -0.1, "timeout": -0.2, "crash": -0.5, "repeat_line": -0.1,
     })
-    """Weight of every reward term: per line (syntax_error, exception, timeout, crash, repeat_line, or a user's
-    term by import path module:function) and final (correct, wrong, no_submit). 0 switches a term off."""
+    """Weight of every reward term: per line (syntax_error, exception, timeout, crash, repeat_line, the worked
+    examples late_line, used_later, ran_and_printed, or a user's term as module:function or path/file.py:function)
+    and final (correct, wrong, no_submit). 0 switches a term off. A weight is a number or a schedule over training
+    steps: {start, end, steps} (linear; shape = "cosine" too), {start, end, at, shape = "step"}, {value}; a table
+    may also name the term's gate."""
+    gates: dict[str, str] = field(default_factory=dict)
+    """Per line term: always (the default), correct (only on episodes whose answer is correct) or wrong (only on
+    wrong or unsubmitted ones), e.g. {syntax_error = "wrong"}. A gated-off term is recorded as 0 on the lines."""
 
     def __post_init__(self) -> None:
-        from .rewards import OUTCOME_TERMS, resolve
+        from .rewards import RewardModel
 
-        for name, weight in self.weights.items():
-            if not isinstance(weight, (int, float)):
-                raise ConfigError(f"rewards.weights.{name} must be a number, got {weight!r}")
-            if name not in OUTCOME_TERMS:
-                resolve(name)
+        RewardModel(self.weights, self.gates)  # every term resolves, every schedule and gate is valid
 
 
 @dataclass
 class AdvantageConfig:
     estimator: str = "line"
-    """outcome (GRPO: the episode's reward, group-normalised, on every token) or line (per-line credit: each line's
-    reward-to-go, normalised per line index within the group, mixed with the outcome advantage)."""
+    """outcome (GRPO: the episode's reward, group-normalised, on every token), line (per-line credit: each line's
+    reward-to-go, normalised per line index within the group, mixed with the outcome advantage; biased when
+    episodes differ in length) or line_rtg (unbiased per-line credit: each line's return-to-go, its own and later
+    line rewards plus the outcome, minus the mean return of the other episodes of its group)."""
     scale: str = "std"
-    """std (GRPO: divide by the group's std) or none (Dr. GRPO)."""
+    """std (GRPO: divide by the group's std) or none (Dr. GRPO; for line_rtg: the exactly unbiased choice)."""
     gamma: float = 1.0
     """Discount of later lines' rewards in the line estimator's return-to-go."""
     line_weight: float = 0.5

@@ -160,7 +160,7 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
     if submitted:
         traj.answer = submitted[0]
         traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
-    traj.outcome_rewards = rewards.score_outcome(bool(submitted), traj.correct)
+    rewards.finish(traj, bool(submitted))  # end-of-episode terms, gates, the outcome terms
     traj.text = tokenizer.decode(traj.token_ids)
     traj.timing = {"generation_wait_s": gen_s, "execution_s": exec_s}
     return traj

@@ -33,7 +33,7 @@ from sandbox import KernelPool, run_sync
 from sandbox.limits import hides_host_files
 
 from . import checkpoint
-from .advantages import batch_tensors, compute_advantages
+from .advantages import batch_tensors, compute_advantages, correct_negative
 from .backends import Generator, load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
@@ -95,7 +95,7 @@ class ProblemStream:
 
 def task_from_config(cfg: Config):
     options = dict(cfg.task.options)
-    if cfg.task.name == "arithmetic":
+    if cfg.task.name in ("arithmetic", "programs"):  # generated tasks: the level and seed come from the config
         options.setdefault("level", cfg.task.level)
         options.setdefault("seed", cfg.task.seed)
     if cfg.task.data:
@@ -151,7 +151,7 @@ class Trainer:
             self.ref_model.to(self.accelerator.device)
         self.generator = load_generator(cfg.model.backend, self.accelerator.unwrap_model(self.model), self.tokenizer,
                                         device=self.accelerator.device)
-        self.rewards = RewardModel(cfg.rewards.weights)
+        self.rewards = RewardModel.from_config(cfg.rewards)
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.pad_id = self.generator.pad_id
         self.step = 0
@@ -314,16 +314,22 @@ class Trainer:
         problems = self.problems.take(cfg.rollout.problems_per_step)[self.rank::self.world]
         # 2. group rollouts (the policy samples in eval mode, without gradients)
         self.model.eval()
-        trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, self.rewards, self.sampling,
+        rewards = self.rewards.at(self.step)  # scheduled weights: those of this step
+        trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
                                         self.rules, group_size=cfg.rollout.group_size,
                                         chat_template=cfg.model.chat_template))
         t_rollout = time.perf_counter() - t_step
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
         every_rank = gather_object(trajs) if self.world > 1 else trajs
         metrics = summarize(every_rank, stats)
-        # 4. advantages
+        metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
+        # 4. advantages (the estimator takes the options of cfg.advantages it declares)
         batch = batch_tensors(trajs, self.pad_id)
-        adv = compute_advantages(cfg.advantages.estimator, batch, **self._advantage_opts())     # [B, T]
+        adv = compute_advantages(cfg.advantages.estimator, batch, **vars(cfg.advantages))       # [B, T]
+        negative, n_correct = correct_negative(adv, batch["loss_mask"], batch["correct"])
+        n_correct = self._sum_over_ranks(n_correct)
+        if n_correct:  # the share of correct episodes pushed down on some token (e.g. by summed line penalties)
+            metrics["adv/correct_negative_frac"] = self._sum_over_ranks(negative) / n_correct
         # 5. loss and optimizer step(s)
         t_update = time.perf_counter()
         update_stats = self.update(batch, adv)
@@ -346,11 +352,6 @@ class Trainer:
         if self.main and cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
             self.metrics.samples(self.step, every_rank[:: max(cfg.rollout.group_size, 1)][:2])
         return StepResult(self.step, metrics, trajs)
-
-    def _advantage_opts(self) -> dict[str, Any]:
-        a = self.cfg.advantages
-        return {"scale": a.scale} if a.estimator == "outcome" else {"scale": a.scale, "gamma": a.gamma,
-                                                                    "line_weight": a.line_weight}
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
         """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""
@@ -446,7 +447,8 @@ class Trainer:
 
         n = n or self.cfg.run.eval_n
         with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
-            return evaluate(self.generator, pool, self.task, self.cfg, n, progress=bar)
+            return evaluate(self.generator, pool, self.task, self.cfg, n, progress=bar,
+                            rewards=self.rewards.at(self.step))
 
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""
@@ -466,8 +468,11 @@ class Trainer:
 
 
 def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,
-             samples_per_problem: int = 1, progress: Any = None) -> dict[str, float]:
-    """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...)."""
+             samples_per_problem: int = 1, progress: Any = None,
+             rewards: RewardModel | None = None) -> dict[str, float]:
+    """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...).
+    ``rewards``: the reward model to score with (the trainer's at its current step); default cfg's at step 0."""
+    rewards = rewards or RewardModel.from_config(cfg.rewards)
     rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
     chosen = [(i, rows[i]) for i in range(min(n, len(rows)))]
     sampling = cfg.rollout.sampling(seed=cfg.run.seed + 7)
@@ -475,8 +480,8 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
     trajs: list[Trajectory] = []
     chunk = max(1, pool.size // samples_per_problem)
     for start in range(0, len(chosen), chunk):
-        part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + chunk], RewardModel(
-            cfg.rewards.weights), sampling, rules, group_size=samples_per_problem,
-            chat_template=cfg.model.chat_template, progress=progress))
+        part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + chunk], rewards, sampling, rules,
+                                   group_size=samples_per_problem, chat_template=cfg.model.chat_template,
+                                   progress=progress))
         trajs += part
     return summarize(trajs)

@@ -193,6 +193,7 @@ def test_batch_tensors():
             Line("b", token_span=(5, 6)),
         ],
         outcome_rewards={"correct": 1.0, "length": -0.25},
+        correct=True,
         group=3,
     )
     t2 = Trajectory(
@@ -207,7 +208,7 @@ def test_batch_tensors():
     b = batch_tensors([t1, t2], pad_id=0)
     assert set(b) == {
         "input_ids", "attention_mask", "loss_mask", "old_logprobs", "line_index",
-        "line_rewards", "n_lines", "outcome", "group",
+        "line_rewards", "n_lines", "outcome", "group", "correct",
     }  # fmt: skip
     # T = 6 (longest), L = 2 (most lines); t2 right-padded with pad_id
     assert b["input_ids"].tolist() == [[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 0, 0]]
@@ -220,6 +221,7 @@ def test_batch_tensors():
     assert b["n_lines"].tolist() == [2, 1]
     assert b["outcome"].tolist() == [0.75, 0.0]
     assert b["group"].tolist() == [3, 4]
+    assert b["correct"].tolist() == [True, False]  # t2 never submitted: correct is None
     assert b["input_ids"].dtype == b["line_index"].dtype == b["group"].dtype == torch.long
     # total reward agrees with Trajectory.reward
     totals = b["outcome"] + b["line_rewards"].sum(-1)

@@ -60,7 +60,7 @@ def test_user_terms_by_registration_and_import_path():
     try:
         scores = RewardModel({"short_line": 0.5, "tests.test_rewards:prints_something": 2.0}).score_line(
             Line("x", output="1\n"), traj())
-        assert scores == {"short_line": 0.5, "tests.test_rewards:prints_something": 2.0}
+        assert scores == {"short_line": 0.5, "prints_something": 2.0}  # logged under the attribute's name
     finally:
         LINE_REWARDS.pop("short_line")
 
