@@ -88,6 +88,24 @@ def test_rollout_viewer_makes_its_own_rollouts(kernel_dirs: list[str]) -> None:
     assert transcripts(cells["errors"]).count(" row ") == min(errored, 5)
 
 
+@pytest.mark.timeout(300)
+def test_reward_shaping_sweeps_a_notebook_term_and_compares(kernel_dirs: list[str]) -> None:
+    cells = execute("reward_shaping.ipynb", kernel_dirs)
+    assert value(cells["term"]) == {"x = 82 * 56": 1.0, "x == 4592": 0.0, "total += k": 1.0, "submit(x)": 0.0}
+    term = stdout(cells["term-file"]).strip()
+    path, name = term.rsplit(":", 1)
+    assert name == "names_a_result" and "import re" in Path(path).read_text()  # the global it uses, imported
+    progress = "".join(out["text"] for out in cells["sweep"].outputs if out.get("name") == "stderr")
+    assert progress.count(" ... done 2 steps ") == 4, progress  # one line per run, each its own process
+    assert ast.literal_eval(data(cells["sweep"], "text/plain")[0]) == [
+        "base/seed0", "names_a_result/seed0", "base/seed1", "names_a_result/seed1"]
+    assert value(cells["config"]) == {"seed": 1, "names_a_result": 0.1, "syntax_error": -0.3}
+    assert len(data(cells["compare"], "image/png")) == 1
+    (table,) = data(cells["table"], "text/markdown")
+    assert "| `names_a_result` | 2 |" in table and "(baseline)" in table
+    assert "accuracy_diff" in data(cells["dataframe"], "text/html")[0]
+
+
 def test_import_replrl_is_fast_and_names_resolve() -> None:
     """``import replrl`` loads no torch; every exported name imports (lazily) and is what its module defines."""
     code = ("import sys, replrl; assert 'torch' not in sys.modules, 'import replrl loaded torch'; "
