@@ -148,6 +148,15 @@ def test_absent_values_are_gaps_not_bridged(synthetic: Path) -> None:
     assert list(no_submit.get_xdata()) == [1, 2, 3, 4] and np.isnan(no_submit.get_ydata()[1:3]).all()
 
 
+def test_markers_show_isolated_points_of_long_series() -> None:
+    from replrl.plot import markevery
+
+    assert markevery([1.0, math.nan, 2.0]) is None  # short: a marker on every point
+    values = [1.0] * 10 + [math.nan, 5.0, math.nan] + [2.0] * 20 + [math.nan, 3.0]
+    every = markevery(values)
+    assert [i for i, shown in enumerate(every) if shown] == [11, 34]  # only points no segment would show
+
+
 def test_single_runs_are_their_own_variants(synthetic: Path) -> None:
     _, table = compare([synthetic / "base" / "seed0", synthetic / "shaped" / "b"])
     assert list(table.variant) == ["seed0", "b"] and list(table.seeds) == [1, 1]
