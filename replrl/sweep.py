@@ -23,7 +23,8 @@ validated before anything starts, so a bad key or value is one line naming the v
 Run ``(variant, seed)`` lives in ``OUT/<variant>/seed<seed>``: config, metrics, samples and checkpoints as any run,
 plus ``train.log`` (the process's output) and ``sweep.json`` (status, steps, episodes, wall-clock of each attempt).
 A run whose ``sweep.json`` says done within the current budget is skipped; a run with a checkpoint is continued
-with ``replrl train --resume`` (an interrupted run, or a budget raised since); any other run starts afresh.
+with ``replrl train --resume`` (an interrupted run, or a budget raised since); any other run starts afresh. One sweep
+at a time per output directory: nothing locks it.
 """
 
 from __future__ import annotations
@@ -293,7 +294,8 @@ def check_saved_config(run: Run) -> None:
 # -- running ------------------------------------------------------------------------------------------------------
 def sweep(spec: str | Path | Mapping[str, Any], out: str | Path, parallel: int = 1, *, steps: int | None = None,
           progress: bool | Callable[[str], Any] = True) -> list[Path]:
-    """Run every variant x seed of ``spec`` (a TOML path or a dict) in ``out/<variant>/seed<k>``, each as its own
+    """Run every variant x seed of ``spec`` (a TOML path, or a dict of the same shape whose relative paths start at
+    the working directory) in ``out/<variant>/seed<k>``, each as its own
     ``replrl train`` process, ``parallel`` at a time; return the run directories in spec order (seed by seed).
 
     Finished runs are skipped and interrupted ones resumed, so calling it again continues a sweep. ``steps``
