@@ -48,8 +48,9 @@ class TaskConfig:
     """Dataset for data-backed tasks (gsm8k): a hub id, a .jsonl/.parquet file or a directory. Empty: the task's
     default."""
     level: int = 1
-    """Difficulty of the arithmetic task (1-5). Level 1 (`What is 82 * 56?`) is where the untrained SmolLM2 is
-    right now and then, so GRPO has something to reinforce (at level 2 it never is)."""
+    """Difficulty of a generated task: arithmetic 1-5, programs 1-3 or 0 (all three mixed). Arithmetic level 1
+    (`What is 82 * 56?`) is where the untrained SmolLM2 is right now and then, so GRPO has something to reinforce
+    (at level 2 it never is)."""
     train_split: str = "train"
     """Split the training problems come from."""
     eval_split: str = "test"
@@ -62,8 +63,8 @@ class TaskConfig:
     """Extra keyword arguments for the task's constructor."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.level <= 5:
-            raise ConfigError("task.level must be between 1 and 5")
+        if not 0 <= self.level <= 5:
+            raise ConfigError("task.level must be between 0 and 5 (arithmetic: 1-5, programs: 0-3)")
         if self.limit < 0:
             raise ConfigError("task.limit must be >= 0")
 
@@ -254,3 +255,12 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    @staticmethod
+    def implied_defaults(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Defaults that a choice implies, used where the user set nothing else: a task's ``rollout_defaults``
+        (the ``programs`` task wants 24 lines per episode, not the arithmetic default of 5)."""
+        from .tasks.base import task_class
+
+        cls = task_class(str(values.get("task", {}).get("name", "")))
+        return {"rollout": dict(getattr(cls, "rollout_defaults", None) or {})}

@@ -194,11 +194,20 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolve(config_cls: type, file: str | None, overrides: dict[str, Any], base: dict | None = None) -> Any:
-    """defaults <- base (e.g. a saved run's config) <- file <- command-line overrides."""
+    """defaults <- implied defaults <- base (e.g. a saved run's config) <- file <- command-line overrides.
+
+    Implied defaults (``config_cls.implied_defaults(values)``, e.g. a task's rollout limits) fill what neither the
+    file nor the overrides set; a saved run's config (``base``) already holds them and keeps its own values.
+    """
+    given = merge(load_file(file) if file else {}, overrides)
     values = to_dict(config_cls()) if base is None else base
-    if file:
-        values = merge(values, load_file(file))
-    return build(config_cls, merge(values, overrides))
+    values = merge(values, given)
+    implied = getattr(config_cls, "implied_defaults", None)
+    if base is None and implied is not None:
+        for section, defaults in implied(values).items():
+            keep = given.get(section, {})
+            values = merge(values, {section: {k: v for k, v in defaults.items() if k not in keep}})
+    return build(config_cls, values)
 
 
 def to_toml(config: Any) -> str:

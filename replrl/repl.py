@@ -96,6 +96,28 @@ class ReplSession:
         self.transcript += line + "\n" + step.env_text
         return step
 
+    async def end_of_input(self) -> ReplStep | None:
+        """The input ends (the model's end-of-turn token) with ``buffer`` pending: what `python -i` does at EOF.
+
+        The buffered statement is compiled as it stands and runs: an unclosed block runs, an open bracket is
+        CPython's SyntaxError. None when nothing is pending. (``code.InteractiveConsole`` would drop the buffer.)
+        """
+        if not self.buffer:
+            return None
+        prompt, source = self.prompt, "\n".join(self.buffer)
+        self.buffer.clear()
+        if _blank(source):
+            step = ReplStep(line="", prompt=prompt, output="", next_prompt=self.prompt)
+        else:
+            result = await self.kernel.execute(source, mode="eof")
+            self.tool_calls.extend(result.tool_calls)
+            if result.restarted:
+                self._compiler = codeop.CommandCompiler()
+            step = ReplStep(line="", prompt=prompt, output=render_output(result), next_prompt=self.prompt,
+                            result=result)
+        self.transcript += step.output
+        return step
+
     def _needs_more(self, source: str) -> bool:
         try:
             with warnings.catch_warnings():  # the kernel shows compile warnings to the model; not the host's stderr

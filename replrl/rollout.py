@@ -19,7 +19,7 @@ from sandbox import KernelPool
 
 from .answers import checkable
 from .backends.base import Generator, GenSession
-from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession
+from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession, ReplStep
 from .rewards import SYNTAX_ERRORS, RewardModel
 from .tasks.base import Task
 from .types import Line, LineSample, SamplingParams, Trajectory
@@ -115,16 +115,18 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                 _append(traj, sample)
                 text = tokenizer.decode(sample.token_ids)
                 span = (start, len(traj.token_ids))
-                if sample.finish != "newline":
-                    code = text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if sample.finish == "eos" else text
-                    code = code_of(code)
+                if sample.finish == "length":  # cut by the token limit: it never runs
                     # recorded even when empty, so every sampled token belongs to exactly one line
-                    traj.lines.append(Line(code=code, status="incomplete", token_span=span, prompt=session.prompt))
-                    traj.end_reason = "eos" if sample.finish == "eos" else "overlong_line"
+                    traj.lines.append(Line(code=code_of(text), status="incomplete", token_span=span,
+                                           prompt=session.prompt))
+                    traj.end_reason = "overlong_line"
                     break
-                code = code_of(text[:-1])
+                at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
+                code = code_of(text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if at_eof else text[:-1])
                 t0 = time.perf_counter()
                 step = await session.feed(code)
+                if at_eof:
+                    step = _merge(step, await session.end_of_input())
                 exec_s += time.perf_counter() - t0
                 result = step.result
                 line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
@@ -137,6 +139,9 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                 if calls:
                     args = calls[0].args or list(calls[0].kwargs.values())
                     submitted.append(args[0] if args else None)
+                if at_eof:  # `submit(x)<end of turn>`: the answer counts, the episode ended at end of input
+                    traj.end_reason = "eos"
+                elif calls:
                     traj.end_reason = "submit"
                 elif result is not None and result.restarted:
                     traj.end_reason = "crash" if result.status == "crashed" else "timeout"
@@ -158,12 +163,21 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
     finally:
         gen.finish(i)
     if submitted:
+        traj.submitted = True
         traj.answer = submitted[0]
         traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
     rewards.finish(traj, bool(submitted))  # end-of-episode terms, gates, the outcome terms
     traj.text = tokenizer.decode(traj.token_ids)
     traj.timing = {"generation_wait_s": gen_s, "execution_s": exec_s}
     return traj
+
+
+def _merge(step: ReplStep, eof: ReplStep | None) -> ReplStep:
+    """The last line's step and what end of input then ran (at most one of them executed anything)."""
+    if eof is None:
+        return step
+    return ReplStep(line=step.line, prompt=step.prompt, output=step.output + eof.output, next_prompt=eof.next_prompt,
+                    result=eof.result or step.result)
 
 
 def _append(traj: Trajectory, sample: LineSample) -> None:
@@ -227,7 +241,9 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
         "episodes": len(trajs),
         "reward_mean": sum(t.reward for t in trajs) / n,
         "accuracy": sum(bool(t.correct) for t in trajs) / n,
-        "submit_rate": sum(t.end_reason == "submit" for t in trajs) / n,
+        "submit_rate": sum(t.submitted for t in trajs) / n,
+        "eof_line_ran": sum(t.end_reason == "eos" and bool(t.lines) and t.lines[-1].status != "incomplete"
+                            for t in trajs) / n,
         "lines_per_episode": sum(len(t.lines) for t in trajs) / n,
         "syntax_error_rate": sum(ln.status == "error" and ln.error_name in SYNTAX_ERRORS for ln in lines) / n_lines,
         "exception_rate": sum(ln.status == "error" and ln.error_name not in SYNTAX_ERRORS for ln in lines) / n_lines,

@@ -88,6 +88,8 @@ class Trajectory:
     lines: list[Line] = field(default_factory=list)
     answer: Any = None
     """The value passed to submit(), JSON-friendly, or None."""
+    submitted: bool = False
+    """Whether a line called submit() (``answer`` may be None: ``submit()``, ``submit(None)``)."""
     correct: bool | None = None
     end_reason: str = ""
     task: str = ""

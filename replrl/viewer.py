@@ -30,7 +30,8 @@ def trajectory_html(t: Trajectory, show_prompt: bool = False) -> str:
     """The episode's transcript as HTML (the prompt collapsed unless ``show_prompt``)."""
     pieces, cursor = [], 0
     for line in t.lines:
-        piece = line.code + ("\n" if line.status != "incomplete" or line is not t.lines[-1] else "")
+        unended = line is t.lines[-1] and t.end_reason in ("eos", "overlong_line")  # no newline was sampled
+        piece = line.code + ("" if unended else "\n")
         at = t.text.find(piece, cursor)
         if at < 0:
             break

@@ -10,9 +10,9 @@ carries one extra key, ``replrl``, with everything the host needs: the captured 
 interleaved in order, capped here, inside the kernel), the exception name, whether the source was incomplete,
 and the calls made to injected tools. Options ride in ``user_expressions``:
 
-    {"op": "run", "mode": "single" | "exec"}       run ``code``
-    {"op": "tools", "names": [...]}               define recording tool functions in the namespace
-    {"op": "reap"}                                kill stray processes the code left behind
+    {"op": "run", "mode": "single" | "exec" | "eof"}   run ``code`` (eof: what is pending at end of input)
+    {"op": "tools", "names": [...]}                    define recording tool functions in the namespace
+    {"op": "reap"}                                     kill stray processes the code left behind
 
 What user code sees is a plain ``python -i`` of the same interpreter, not this process: ``sys.argv == ['']``,
 ``sys.path`` and ``builtins`` as the interpreter had them before ipykernel was imported (debugpy adds ``execfile``
@@ -47,10 +47,14 @@ def _drop_privileges(uid, gid):
 if _CFG.get("uid") is not None and os.getuid() == 0:
     _drop_privileges(_CFG["uid"], _CFG["gid"])
 
+import __future__  # noqa: E402
+
 import asyncio  # noqa: E402
 import code  # noqa: E402
+import functools  # noqa: E402
 import io  # noqa: E402
 import math  # noqa: E402
+import operator  # noqa: E402
 import reprlib  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
@@ -111,6 +115,11 @@ class _Capture(io.TextIOBase):
 
     def flush(self):
         pass
+
+
+_FUTURE_FLAGS = functools.reduce(operator.or_, (getattr(__future__, name).compiler_flag
+                                                for name in __future__.all_feature_names))
+"""The compiler flags that ``from __future__ import ...`` sets (codeop's own incomplete-input flags excluded)."""
 
 
 class _Interpreter(code.InteractiveInterpreter):
@@ -319,6 +328,8 @@ class ReplKernel(Kernel):
         try:
             if mode == "single":
                 more = self.interp.runsource(source, "<stdin>", "single")
+            elif mode == "eof":
+                self._run_at_eof(source)
             else:
                 self._run_exec(source)
         except SystemExit:
@@ -344,6 +355,17 @@ class ReplKernel(Kernel):
             error = "SystemExit"
         return {"output": output, "truncated": truncated, "error_name": error, "incomplete": bool(more),
                 "calls": _checked_calls(calls or [])}
+
+    def _run_at_eof(self, source):
+        """End of input, as `python -i` meets it: the buffered statement is compiled as it stands (an unclosed
+        block runs, an open bracket is CPython's SyntaxError) with the session's __future__ flags."""
+        future = self.interp.compile.compiler.flags & _FUTURE_FLAGS  # earlier `from __future__ import ...`
+        try:
+            compiled = compile(source, "<stdin>", "single", future, True)
+        except (OverflowError, SyntaxError, ValueError):
+            self.interp.showsyntaxerror("<stdin>")
+            return
+        self.interp.runcode(compiled)
 
     def _run_exec(self, source):
         try:

@@ -246,7 +246,8 @@ class Kernel:
 
     async def execute(self, code: str, *, mode: str = "exec", timeout: float | None = None) -> ExecResult:
         """Run ``code`` and return what happened. ``mode="single"`` is the interactive REPL mode (expression
-        values are echoed with repr, an unfinished compound statement returns ``incomplete=True``)."""
+        values are echoed with repr, an unfinished compound statement returns ``incomplete=True``); ``"eof"`` is
+        the same at end of input, as `python -i` ends: an unfinished statement is compiled as it stands."""
         t0 = time.perf_counter()
         try:
             proc = await self._ready()

@@ -32,9 +32,12 @@ SCRIPTS: dict[str, list[Any]] = {
     "many": ["a = 1", "b = 2", "c = 3", "d = 4", "e = 5", "f = 6", "submit(a)"],
     "eos": ["z = 4", EOS],
     "overlong": ["w = " + " + ".join(str(i) for i in range(30)), "submit(w)"],
+    # (code, EOS): the line's code, then the end-of-sequence token instead of its newline (end of input runs it)
+    "eof_submit": ["q = 9", ("submit(q)", EOS)],
+    "eof_block": ["for k in range(3):", ("    submit(k + 5)", EOS)],
 }
 ANSWERS = {"block": 6, "errors": 7, "wrong": 4, "bigprint": 1, "repeat": 1, "timeout": 2, "crash": 3, "many": 1,
-           "eos": 4, "overlong": 435}
+           "eos": 4, "overlong": 435, "eof_submit": 9, "eof_block": 5}
 
 
 @dataclass
@@ -69,6 +72,11 @@ def script_sequences(tokenizer: Any, pool: Any, max_output_tokens: int) -> list[
                 if line is EOS:
                     out.append((line, "", "", True))
                     break
+                if isinstance(line, tuple):  # (code, EOS): the episode's last line, cut by end of input
+                    await session.feed(line[0])
+                    await session.end_of_input()
+                    out.append((line, "", "", True))
+                    break
                 step = await session.feed(line)
                 over = bool(step.result and (step.result.restarted or step.result.tool_calls))
                 out.append((line, step.output, step.next_prompt, over))
@@ -82,7 +90,12 @@ def script_sequences(tokenizer: Any, pool: Any, max_output_tokens: int) -> list[
         ids = encode(tokenizer, build_prompt(tokenizer, task.header(row), chat_template=False))
         loss_pos: list[int] = []
         for line, output, next_prompt, over in run_sync(run(SCRIPTS[row["script"]])):
-            line_ids = [tokenizer.eos_token_id] if line is EOS else encode(tokenizer, line_text(line))
+            if line is EOS:
+                line_ids = [tokenizer.eos_token_id]
+            elif isinstance(line, tuple):
+                line_ids = encode(tokenizer, line_text(line[0])[:-1]) + [tokenizer.eos_token_id]
+            else:
+                line_ids = encode(tokenizer, line_text(line))
             loss_pos += range(len(ids), len(ids) + len(line_ids))
             ids += line_ids
             if not over:

@@ -7,7 +7,16 @@ import argparse
 import pytest
 
 from replrl.config import Config
-from replrl.configlib import ConfigError, add_arguments, field_docs, load_file, overrides_from_args, resolve, to_toml
+from replrl.configlib import (
+    ConfigError,
+    add_arguments,
+    field_docs,
+    load_file,
+    overrides_from_args,
+    resolve,
+    to_dict,
+    to_toml,
+)
 
 
 def test_defaults_and_every_field_documented():
@@ -66,3 +75,25 @@ def test_command_line_options_are_generated_with_help():
     args = parser.parse_args(["--rollout.temperature", "0.5", "--model.name", "tiny"])
     assert overrides_from_args(args) == {"rollout": {"temperature": "0.5"}, "model": {"name": "tiny"}}
     assert "Sampling temperature" in parser.format_help()
+
+
+class LongEpisodesTask:
+    """A task class that asks for longer episodes (as the built-in ``programs`` task does)."""
+
+    rollout_defaults = {"max_lines": 24, "max_total_tokens": 1536}
+
+
+def test_a_task_s_rollout_defaults_apply_where_the_user_set_nothing(tmp_path):
+    task = {"task": {"name": "tests.test_config:LongEpisodesTask"}}
+    cfg = resolve(Config, None, task)
+    assert (cfg.rollout.max_lines, cfg.rollout.max_total_tokens) == (24, 1536)
+    assert cfg.rollout.temperature == Config().rollout.temperature  # what the task does not name stays
+    cfg = resolve(Config, None, {**task, "rollout": {"max_lines": 7}})
+    assert (cfg.rollout.max_lines, cfg.rollout.max_total_tokens) == (7, 1536)  # the command line wins
+    path = tmp_path / "c.toml"
+    path.write_text('[task]\nname = "tests.test_config:LongEpisodesTask"\n[rollout]\nmax_total_tokens = 900\n')
+    cfg = resolve(Config, str(path), {})
+    assert (cfg.rollout.max_lines, cfg.rollout.max_total_tokens) == (24, 900)  # and so does the file
+    saved = to_dict(resolve(Config, None, {**task, "rollout": {"max_lines": 9}}))
+    assert resolve(Config, None, {}, base=saved).rollout.max_lines == 9  # a resumed run keeps its own values
+    assert resolve(Config, None, {}).rollout.max_lines == Config().rollout.max_lines

@@ -141,3 +141,56 @@ def test_the_process_looks_like_python_i(pool, tmp_path):
     assert argv == [""] and orig_argv == [sys.executable, "-i"] and path[0] == ""
     assert ours == [argv, orig_argv, path, names]
     assert "execfile" not in ours[3] and "runfile" not in ours[3]
+
+
+# End of input: the model's end-of-turn token after these lines (the last one without its newline). The reference is
+# `python -i` reading the same text from a pipe, which runs the pending line and an unclosed block at EOF;
+# ``code.InteractiveConsole.interact`` would drop an unclosed block instead (documented in the README).
+EOF_SESSIONS = {
+    "pending_expression": ["x = 5", "x * 2"],
+    "pending_statement": ["y = 7", "print(y + 1)"],
+    "unclosed_block": ["for i in range(3):", "    print(i)"],
+    "unclosed_nested_block": ["def f(n):", "    for k in range(n):", "        print(k * k)", "    return n", ""],
+    "block_then_eof_at_continuation": ["for i in range(2):", "    print(i)", ""],
+    "open_bracket": ["z = (1 +"],
+    "statement_after_unclosed_block": ["t = 0", "for i in range(3):", "    t += i", "print(t)"],
+    "closed_block_then_call": ["def g():", "    return 3", "", "g()"],
+    "comment_last": ["a = 1", "# done"],
+    "error_last": ["b = 2", "b / 0"],
+    "nothing_pending": ["c = 3", ""],
+}
+
+
+def python_i_output(lines: list[str]) -> list[str]:
+    """What `python -i` prints for this input (no trailing newline) before it exits, prompts and banner removed,
+    as non-blank lines (python -i prints prompts and tracebacks to stderr, interleaved at prompt positions)."""
+    proc = subprocess.run([sys.executable, "-i", "-u", "-q"], input="\n".join(lines), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60,
+                          env={"PYTHONHASHSEED": "0", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"})
+    return _visible(proc.stdout.replace(">>> ", "").replace("... ", ""))
+
+
+def _visible(text: str) -> list[str]:
+    return [line for line in text.split("\n") if line.strip()]
+
+
+async def _outputs_at_eof(pool, lines: list[str]) -> tuple[list[str], str]:
+    async with pool.acquire() as kernel:
+        session = ReplSession(kernel)
+        out = "".join([(await session.feed(line)).output for line in lines])
+        eof = await session.end_of_input()
+        return _visible(out + (eof.output if eof else "")), session.prompt
+
+
+@pytest.mark.parametrize("name", sorted(EOF_SESSIONS))
+def test_end_of_input_runs_what_is_pending_as_python_i_does(pool, name):
+    lines = EOF_SESSIONS[name]
+    ours, prompt_after = run_sync(_outputs_at_eof(pool.pool, lines))
+    assert ours == python_i_output(lines)
+    assert prompt_after == PS1  # nothing stays buffered
+
+
+def test_end_of_input_reference_differs_from_interactive_console_only_for_unclosed_blocks():
+    """The choice documented: python -i runs an unclosed block at EOF, InteractiveConsole does not."""
+    assert python_i_output(["for i in range(3):", "    print(i)"]) == ["0", "1", "2"]
+    assert python_i_output(["x = 5", "x * 2"]) == ["10"]

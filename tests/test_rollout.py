@@ -70,9 +70,14 @@ def test_token_exact_splicing_and_masks(scripted, episodes):
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if not m)
         for line in t.lines:
             text = tokenizer.decode(t.token_ids[slice(*line.token_span)])
-            if line.status != "incomplete" or line is not t.lines[-1]:
+            if line is not t.lines[-1] or t.end_reason not in ("eos", "overlong_line"):
                 assert text == line_text(line.code), (name, text)  # " " (healed prompt) + code + "\n"
                 assert "\n" not in text[:-1]
+        if t.end_reason == "eos":  # the end-of-turn token is sampled (loss on) and nothing follows it
+            assert t.token_ids[-1] == tokenizer.eos_token_id and t.loss_mask[-1] == 1, name
+            last = t.lines[-1]
+            assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == (
+                line_text(last.code)[:-1] + tokenizer.eos_token), name
 
 
 def test_sampler_logprobs_equal_a_plain_forward_pass(scripted, episodes):
@@ -96,12 +101,26 @@ def terms(t: Trajectory) -> dict[str, float]:
 
 def test_the_model_replays_its_scripts(episodes):
     for name, t in episodes.items():
-        unfinished = t.end_reason in ("eos", "overlong_line")  # the last line never got its newline
-        codes = [line.code for line in (t.lines[:-1] if unfinished else t.lines)]
-        expected = [s for s in SCRIPTS[name] if isinstance(s, str)]
-        assert codes == expected[:len(codes)], (name, codes)
-        if unfinished:
+        codes = [line.code for line in t.lines]
+        expected = [s[0] if isinstance(s, tuple) else s for s in SCRIPTS[name]]
+        expected = [s if isinstance(s, str) else "" for s in expected]  # EOS at a line's start: an empty line
+        if t.end_reason == "overlong_line":  # cut by the token limit: the last line is a prefix and never ran
+            assert codes[:-1] == expected[:len(codes) - 1] and expected[len(codes) - 1].startswith(codes[-1])
             assert t.lines[-1].status == "incomplete"
+        else:
+            assert codes == expected[:len(codes)], (name, codes)
+
+
+def test_end_of_input_runs_the_last_line_as_python_i_does(episodes):
+    """`submit(z)<eos>`: the line runs, its submit counts; `    submit(k + 5)<eos>` inside an open block: the block
+    runs (python -i at EOF). The episode ends "eos"; a bare EOS after a newline runs nothing."""
+    for name, answer in (("eof_submit", 9), ("eof_block", 5)):
+        t = episodes[name]
+        assert t.end_reason == "eos" and t.submitted and t.answer == answer and t.correct, (name, t.lines)
+        assert t.lines[-1].status == "ok" and t.outcome_rewards == {"correct": 1.0}
+    assert [ln.prompt for ln in episodes["eof_block"].lines] == [">>> ", "... "]
+    bare = episodes["eos"]
+    assert bare.lines[-1].code == "" and bare.lines[-1].status == "incomplete" and not bare.submitted
 
 
 def test_blocks_use_continuation_prompts_and_run_on_the_blank_line(episodes):
@@ -192,7 +211,7 @@ def test_real_pretrained_model_on_gsm8k(pool):
         assert t.end_reason in ("submit", "eos", "max_lines", "max_tokens", "crash", "timeout", "repeat",
                                 "overlong_line")
         for line in t.lines:
-            if line.status != "incomplete":
+            if line.status != "incomplete" and (line is not t.lines[-1] or t.end_reason != "eos"):
                 assert gen.tokenizer.decode(t.token_ids[slice(*line.token_span)]) == line_text(line.code)
                 if line is not t.lines[-1]:  # the episode's last line ends it: its output is not spliced
                     assert line.output in t.text or (TRUNCATED_MARKER in t.text and line.output[:12] in t.text)

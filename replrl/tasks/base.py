@@ -51,6 +51,18 @@ class Task(Protocol):
         ...
 
 
+def task_class(name: str) -> Any:
+    """The class (or factory) a task name resolves to, without instantiating it; None when it does not import
+    (``load_task`` then says why)."""
+    module_name, _, attr = BUILTIN_TASKS.get(name, name).partition(":")
+    if not attr:
+        return None
+    try:
+        return getattr(importlib.import_module(module_name), attr, None)
+    except ImportError:
+        return None
+
+
 def load_task(name: str, **options: Any) -> Task:
     """A task by built-in name ("arithmetic", "gsm8k") or import path: "pkg.mod:MyTask" (a class, instantiated with
     **options) or "pkg.mod:make_task" (a function called with **options that returns a Task).
