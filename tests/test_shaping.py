@@ -428,6 +428,7 @@ def test_worked_examples_are_off_by_default():
 # 6. through the trainer
 
 
+@pytest.mark.slow  # the format model is taught once per session (a fixture shared with test_trainer.py)
 def test_the_trainer_logs_scheduled_weights_gates_terms_and_correct_negative_frac(format_model_dir, tmp_path):
     from replrl.metrics import read_metrics
     from replrl.trainer import Trainer
