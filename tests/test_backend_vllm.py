@@ -92,7 +92,7 @@ def test_token_exact(gen, tok, case):
         assert len(ep.logprobs) == len(ep.sampled_at) > 0
         recomputed = recomputed_logprobs(model, ep, params, masks)
         assert torch.allclose(torch.tensor(recomputed), torch.tensor(ep.logprobs), atol=1e-4), case
-    # every line after a row's first re-reads its transcript from the prefix cache
+    # every line after a row's first continues the row's request: the transcript so far is not computed again
     assert session.stats["cached_tokens"] > 0 and session.stats["requests"] == sum(len(e.lines) for e in episodes)
 
 

@@ -1,8 +1,12 @@
-"""Generation with vLLM: every line is one request to vLLM's async engine, over the row's whole transcript.
+"""Generation with vLLM: each row is one resumable request to vLLM's async engine, fed one line at a time.
 
-A row's ``next_line`` sends its token ids so far (prompt, lines, interpreter output) as one request; with automatic
-prefix caching the engine re-reads none of the part it has seen, so the request costs what its new tokens cost.
-Rows are independent requests: no row waits for another, and the engine batches whatever is waiting.
+A row's first ``next_line`` starts a streaming-input request with its prompt (automatic prefix caching finds the
+prompt blocks other rows have computed, e.g. a GRPO group's); the line ends at a stop token, and the request waits
+for its next input chunk with its KV cache kept. Each later ``next_line`` sends only the new tokens: the token that
+ended the last line (vLLM drops a stopped turn's last sampled token from the request) and the interpreter's. So a
+line costs what its new tokens cost; no transcript is re-sent or re-hashed, no partial KV block recomputed. Rows
+are independent requests: no row waits for another, and the engine batches whatever is waiting. A row's random
+stream is its request's (seeded from the session's seed and the row's index), independent of the other rows.
 
 The distribution sampled from is ``replrl.backends.sampling.sampling_logprobs``'s, inside vLLM:
 
@@ -48,6 +52,7 @@ import torch  # noqa: E402
 try:
     import vllm
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.engine.protocol import StreamingInput
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -203,8 +208,71 @@ class _Row:
     """The row's transcript so far (prompt, sampled lines, environment tokens)."""
     lines: int = 0
     future: Any = None
-    """The in-flight request (a concurrent.futures.Future on the engine's loop)."""
+    """The in-flight line (a concurrent.futures.Future on the engine's loop)."""
+    stream: _Stream | None = None
+    """The row's streaming request (created on the engine's loop by the first line)."""
+    sent: int = 0
+    """How many of ``ids`` the engine holds in the request's KV cache (all but the last sampled token)."""
     finished: bool = False
+
+
+class _Stream:
+    """One row's resumable request on the engine's loop: line requests in (``chunks``), lines out (``lines``).
+
+    vLLM keeps a resumable request's KV blocks between its input chunks and continues it from there: the next
+    chunk is appended to the request, so a line's request prefills only its new tokens (the token that ended the
+    last line, which vLLM drops from a stopped turn, then the environment's). Lives and dies on the engine loop.
+    """
+
+    def __init__(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams):
+        self.chunks: asyncio.Queue[tuple[list[int], vllm.SamplingParams] | None] = asyncio.Queue()
+        self.lines: asyncio.Queue[tuple[LineSample, int] | BaseException] = asyncio.Queue()
+        self.task = asyncio.ensure_future(self._run(gen, request_id, params))
+
+    async def _inputs(self) -> Any:
+        while (chunk := await self.chunks.get()) is not None:
+            ids, params = chunk
+            yield StreamingInput(vllm.TokensPrompt(prompt_token_ids=ids), params)
+
+    async def _run(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams) -> None:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        try:
+            async for out in gen.engine.generate(self._inputs(), params, request_id=request_id):
+                completion = out.outputs[0]
+                new = list(completion.token_ids)
+                tokens += new
+                logprobs += [step[t].logprob for step, t in zip(completion.logprobs or [], new, strict=True)]
+                if completion.finish_reason is not None and tokens:
+                    last = tokens[-1]
+                    finish = "eos" if last in gen.eos else ("newline" if last in gen.line_end else "length")
+                    self.lines.put_nowait((LineSample(tokens, logprobs, finish), out.num_cached_tokens or 0))
+                    tokens, logprobs = [], []
+        except BaseException as e:  # the engine failed the request (or it was cancelled): fail the waiting line
+            self.lines.put_nowait(e if isinstance(e, Exception) else RuntimeError("request cancelled"))
+            raise
+        self.lines.put_nowait(RuntimeError("the row's request ended"))
+
+    async def line(self, ids: list[int], params: vllm.SamplingParams) -> tuple[LineSample, int]:
+        self.chunks.put_nowait((ids, params))
+        item = await self.lines.get()
+        if isinstance(item, BaseException):
+            raise RuntimeError(f"vLLM request failed: {item!r}") from item
+        return item
+
+    async def close(self) -> None:
+        """End the request (vLLM frees its KV blocks) and wait until the engine has."""
+        if not self.task.done():
+            self.chunks.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
+            except BaseException:  # not ended in time, or failed: abort it
+                self.task.cancel()
+                await asyncio.gather(self.task, return_exceptions=True)
+
+    async def abort(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
 
 
 class VLLMSession:
@@ -220,16 +288,17 @@ class VLLMSession:
         self._name = f"replrl-{os.getpid()}-{next(self._ids)}"
         self._closed = False
         self.stats = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "sampled_tokens": 0}
-        """Counters: line requests, prompt tokens sent with them, of which found in the prefix cache, tokens
-        sampled."""
+        """Counters: line requests; their transcripts' tokens; of which not computed again (kept in the row's
+        request, or found in the prefix cache); tokens sampled."""
 
-    def _params(self, i: int, line: int, room: int) -> vllm.SamplingParams:
+    def _params(self, i: int, room: int) -> vllm.SamplingParams:
         s = self.sampling
-        seed = None if s.seed is None else ((s.seed * 1_000_003 + i) * 1_000_033 + line) % (2**63)
+        # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it
+        seed = None if s.seed is None else (s.seed * 1_000_003 + i) % (2**63)
         return vllm.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
-            max_tokens=max(1, min(s.max_line_tokens, room)), logprobs=0, detokenize=False,
-            stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.FINAL_ONLY,
+            max_tokens=min(s.max_line_tokens, room), logprobs=0, detokenize=False,
+            stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
             logit_bias=self._gen.logit_bias, extra_args={LINE_RULE_KEY: True},
         )
 
@@ -243,35 +312,59 @@ class VLLMSession:
             raise RuntimeError(f"row {i} already has a pending next_line request")
         row.ids.extend(env_ids)
         room = self._gen.max_model_len - len(row.ids)
-        params = self._params(i, row.lines, room)
-        row.future = self._gen._loop.submit(self._gen._line(list(row.ids), params, f"{self._name}-{i}-{row.lines}"))
+        if room < 1:
+            raise ValueError(f"row {i}'s transcript ({len(row.ids)} tokens) fills the engine's max_model_len")
+        params = self._params(i, room)
+        chunk = row.ids[row.sent:]
+        row.future = self._gen._loop.submit(self._line(row, f"{self._name}-{i}", chunk, params))
         try:
-            sample, prompt, cached = await asyncio.wrap_future(row.future)
+            sample, cached = await asyncio.wrap_future(row.future)
         except asyncio.CancelledError:
             if self._closed:
                 raise RuntimeError("session closed") from None
             raise
         finally:
             row.future = None
-        row.ids.extend(sample.token_ids)
-        row.lines += 1
         self.stats["requests"] += 1
-        self.stats["prompt_tokens"] += prompt
-        self.stats["cached_tokens"] += cached
+        self.stats["prompt_tokens"] += len(row.ids)
+        self.stats["cached_tokens"] += cached if row.sent == 0 else row.sent
         self.stats["sampled_tokens"] += len(sample.token_ids)
+        row.ids.extend(sample.token_ids)
+        row.sent = len(row.ids) - 1
+        row.lines += 1
         return sample
+
+    async def _line(self, row: _Row, request_id: str, chunk: list[int], params: vllm.SamplingParams
+                    ) -> tuple[LineSample, int]:
+        """On the engine's loop: the row's next line (its request started by the first)."""
+        if row.stream is None:
+            row.stream = _Stream(self._gen, request_id, params)
+        try:
+            return await row.stream.line(chunk, params)
+        except asyncio.CancelledError:  # the caller gave up on the line: the request cannot continue
+            await row.stream.abort()
+            raise
 
     def finish(self, i: int) -> None:
         row = self._rows[i]
         row.finished = True
         if row.future is not None:
             row.future.cancel()  # aborts the request in the engine
+        elif row.stream is not None:
+            self._gen._loop.submit(row.stream.close())
 
     async def aclose(self) -> None:
         self._closed = True
         for row in self._rows:
             if row.future is not None:
                 row.future.cancel()
+        streams = [row.stream for row in self._rows if row.stream is not None]
+        if streams:
+            await asyncio.wrap_future(self._gen._loop.submit(_close_all(streams)))
+
+
+async def _close_all(streams: list[_Stream]) -> None:
+    await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
 
 
 class VLLMGenerator:
@@ -330,11 +423,13 @@ class VLLMGenerator:
             args["gpu_memory_utilization"] = gpu_memory_utilization
         else:
             args["kv_cache_memory_bytes"] = int((kv_cache_gib or 2.0) * 2**30)
-            # the smallest block the CPU attention takes: a line's request recomputes the partial last block of
-            # its transcript (the prefix cache holds full blocks only), so smaller blocks re-read less
+            # the smallest block the CPU attention takes: prompts shared between rows (a GRPO group's) are found
+            # in the prefix cache in whole blocks
             args["block_size"] = 32
             # vLLM 0.32 on the CPU fails a seeded request whose prompt is prefilled in chunks ("CPU Generator does
-            # not use offset"): whole prefills only, in steps that fit the longest request
+            # not use offset"): whole prefills only (prompts and line chunks), in steps that fit the longest
+            # request. Line chunks are short and ride along with the other rows' decoding in one step: vLLM's
+            # scheduler takes running requests first, then waiting ones while the step's token budget lasts.
             longest = max_model_len or getattr(config, "max_position_embeddings", None) or 8192
             args["enable_chunked_prefill"] = False
             args["max_num_batched_tokens"] = max(int(longest), 4096)
@@ -371,20 +466,6 @@ class VLLMGenerator:
     def close(self) -> None:
         """Shut the engine down (its processes exit) and remove its config directory."""
         self._finalizer()
-
-    async def _line(self, ids: list[int], params: vllm.SamplingParams, request_id: str
-                    ) -> tuple[LineSample, int, int]:
-        """On the engine's loop: one line for a transcript -> (line, prompt tokens, of which cached)."""
-        final = None
-        async for out in self.engine.generate(vllm.TokensPrompt(prompt_token_ids=ids), params,
-                                              request_id=request_id):
-            final = out
-        completion = final.outputs[0]
-        tokens = list(completion.token_ids)
-        logprobs = [step[t].logprob for step, t in zip(completion.logprobs, tokens, strict=True)]
-        last = tokens[-1]
-        finish = "eos" if last in self.eos else ("newline" if last in self.line_end else "length")
-        return LineSample(tokens, logprobs, finish), len(ids), final.num_cached_tokens or 0
 
 
 async def _start(args: AsyncEngineArgs) -> AsyncLLM:
