@@ -10,7 +10,7 @@ the script.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -32,23 +32,28 @@ SCRIPTS: dict[str, list[Any]] = {
     "many": ["a = 1", "b = 2", "c = 3", "d = 4", "e = 5", "f = 6", "submit(a)"],
     "eos": ["z = 4", EOS],
     "overlong": ["w = " + " + ".join(str(i) for i in range(30)), "submit(w)"],
-    # (code, EOS): the line's code, then the end-of-sequence token instead of its newline (end of input runs it)
+}
+# (code, EOS): the line's code, then the end-of-sequence token instead of its newline (end of input runs it). A
+# model of their own (`ScriptTask(EOF_SCRIPTS)`): two scripts are learned in seconds, twelve take much longer.
+EOF_SCRIPTS: dict[str, list[Any]] = {
     "eof_submit": ["q = 9", ("submit(q)", EOS)],
     "eof_block": ["for k in range(3):", ("    submit(k + 5)", EOS)],
+    "eof_bare": ["z = 4", EOS],
 }
 ANSWERS = {"block": 6, "errors": 7, "wrong": 4, "bigprint": 1, "repeat": 1, "timeout": 2, "crash": 3, "many": 1,
-           "eos": 4, "overlong": 435, "eof_submit": 9, "eof_block": 5}
+           "eos": 4, "overlong": 435, "eof_submit": 9, "eof_block": 5, "eof_bare": 4}
 
 
 @dataclass
 class ScriptTask:
     """One problem per script; the question names the script."""
 
+    scripts: dict[str, list[Any]] = field(default_factory=lambda: SCRIPTS)
     name: ClassVar[str] = "scripts"
     tools: ClassVar[tuple[str, ...]] = ("submit",)
 
     def rows(self, split: str) -> list[dict]:
-        return [{"question": f"Run script {name}.", "script": name} for name in SCRIPTS]
+        return [{"question": f"Run script {name}.", "script": name} for name in self.scripts]
 
     def header(self, row: dict) -> str:
         return row["question"]
@@ -60,7 +65,8 @@ class ScriptTask:
         return submitted == ANSWERS[row["script"]]
 
 
-def script_sequences(tokenizer: Any, pool: Any, max_output_tokens: int) -> list[tuple[list[int], list[int]]]:
+def script_sequences(tokenizer: Any, pool: Any, max_output_tokens: int,
+                     task: ScriptTask | None = None) -> list[tuple[list[int], list[int]]]:
     """(ids, loss_positions) per script, with interpreter output from real kernels."""
 
     async def run(lines: list[Any]) -> list[tuple[Any, str, str, bool]]:
@@ -85,11 +91,11 @@ def script_sequences(tokenizer: Any, pool: Any, max_output_tokens: int) -> list[
             return out
 
     seqs = []
-    task = ScriptTask()
+    task = task or ScriptTask()
     for row in task.rows("train"):
         ids = encode(tokenizer, build_prompt(tokenizer, task.header(row), chat_template=False))
         loss_pos: list[int] = []
-        for line, output, next_prompt, over in run_sync(run(SCRIPTS[row["script"]])):
+        for line, output, next_prompt, over in run_sync(run(task.scripts[row["script"]])):
             if line is EOS:
                 line_ids = [tokenizer.eos_token_id]
             elif isinstance(line, tuple):

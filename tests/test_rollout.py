@@ -19,11 +19,11 @@ from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import TRUNCATED_MARKER
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout
+from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout, summarize
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, run_sync
 from tests.helpers_models import GSM8K_DIR
-from tests.scripted import SCRIPTS, ScriptTask, script_sequences, teach_scripts
+from tests.scripted import EOF_SCRIPTS, SCRIPTS, ScriptTask, script_sequences, teach_scripts
 
 pytestmark = pytest.mark.timeout(900)  # the module fixture teaches the scripts (about a minute on 2 cores)
 LIMITS = Limits(wall_s=1.0, interrupt_grace_s=1.0)
@@ -76,8 +76,8 @@ def test_token_exact_splicing_and_masks(scripted, episodes):
         if t.end_reason == "eos":  # the end-of-turn token is sampled (loss on) and nothing follows it
             assert t.token_ids[-1] == tokenizer.eos_token_id and t.loss_mask[-1] == 1, name
             last = t.lines[-1]
-            assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == (
-                line_text(last.code)[:-1] + tokenizer.eos_token), name
+            typed = line_text(last.code)[:-1] if last.code else ""  # a bare EOS carries no prompt space
+            assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
 
 
 def test_sampler_logprobs_equal_a_plain_forward_pass(scripted, episodes):
@@ -111,16 +111,39 @@ def test_the_model_replays_its_scripts(episodes):
             assert codes == expected[:len(codes)], (name, codes)
 
 
-def test_end_of_input_runs_the_last_line_as_python_i_does(episodes):
-    """`submit(z)<eos>`: the line runs, its submit counts; `    submit(k + 5)<eos>` inside an open block: the block
+@pytest.fixture(scope="module")
+def eof_episodes(pool) -> dict[str, Trajectory]:
+    """A model of its own that memorised the end-of-input scripts (a few seconds: three scripts)."""
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    task = ScriptTask(EOF_SCRIPTS)
+    model = tiny_model(tokenizer, seed=1, hidden_size=128, intermediate_size=256)
+    teach_scripts(model, tokenizer, script_sequences(tokenizer, pool, RULES.max_output_tokens, task))
+    rows = list(enumerate(task.rows("train")))
+    trajs, _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows,
+                                RewardModel(RewardConfig().weights), SAMPLING, RULES, chat_template=False))
+    return {row["script"]: t for (_, row), t in zip(rows, trajs)}
+
+
+def test_end_of_input_runs_the_last_line_as_python_i_does(eof_episodes):
+    """`submit(q)<eos>`: the line runs, its submit counts; `    submit(k + 5)<eos>` inside an open block: the block
     runs (python -i at EOF). The episode ends "eos"; a bare EOS after a newline runs nothing."""
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
     for name, answer in (("eof_submit", 9), ("eof_block", 5)):
-        t = episodes[name]
+        t = eof_episodes[name]
         assert t.end_reason == "eos" and t.submitted and t.answer == answer and t.correct, (name, t.lines)
         assert t.lines[-1].status == "ok" and t.outcome_rewards == {"correct": 1.0}
-    assert [ln.prompt for ln in episodes["eof_block"].lines] == [">>> ", "... "]
-    bare = episodes["eos"]
+        assert t.lines[-1].code == EOF_SCRIPTS[name][-1][0]
+    assert [ln.prompt for ln in eof_episodes["eof_block"].lines] == [">>> ", "... "]
+    bare = eof_episodes["eof_bare"]
     assert bare.lines[-1].code == "" and bare.lines[-1].status == "incomplete" and not bare.submitted
+    assert summarize(list(eof_episodes.values()))["eof_line_ran"] == pytest.approx(2 / 3)
+    for name, t in eof_episodes.items():  # the end-of-turn token is sampled (loss on) and nothing follows it
+        assert tokenizer.decode(t.token_ids) == t.text
+        assert t.token_ids[-1] == tokenizer.eos_token_id and t.loss_mask[-1] == 1, name
+        last = t.lines[-1]
+        assert last.token_span[1] == len(t.token_ids)
+        typed = line_text(last.code)[:-1] if last.code else ""  # a bare EOS carries no prompt space
+        assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
 
 
 def test_blocks_use_continuation_prompts_and_run_on_the_blank_line(episodes):
