@@ -8,7 +8,17 @@ tokens per row from the same prompts, no REPL: ``model.generate`` for HF, one vL
 - ``vllm_vs_hf_rollout_speedup``: HF REPL rollout time / vLLM REPL rollout time (target on a CPU: >= 2);
 - ``vllm_repl_vs_plain_ratio``: vLLM REPL rollouts / vLLM plain generation (target: <= 1.5 on a CPU, <= 1.15 on
   a GPU): what the line-by-line REPL costs on top of generating the tokens;
-- ``hf_repl_vs_plain_ratio``: the same for HF.
+- ``hf_repl_vs_plain_ratio``: the same for HF;
+- ``vllm_vs_hf_speedup_per_token``: the speedup per token the model reads or writes (each backend samples its own
+  lines, so their interpreters print different amounts);
+- ``vllm_repl_vs_same_tokens_ratio`` and ``vllm_same_tokens_vs_plain_ratio`` split vLLM's ratio in two, through
+  a third run with the same tokens and no loop: each row's interpreter tokens appended to its prompt (prefilled at
+  once), then plain generation of the same model tokens. The first is what the line-by-line loop costs (requests,
+  rows away while their line runs); the second what reading the interpreter's tokens costs.
+
+Every timed run starts from an empty vLLM prefix cache, so vLLM's plain generation prefills its prompts like
+``model.generate`` and like the REPL rollouts do; ``model.generate`` runs with the torch threads of HF's REPL
+rollouts (``replrl.backends.hf.GEN_THREADS``, 1 on a small CPU).
 
 The top-level figures are those of the first batch size; ``batches`` holds every batch size's. The vLLM engine's
 start (and the first weight copy) is timed apart, not in any of these. Needs vllm (on a CPU: the second
@@ -31,6 +41,7 @@ import torch
 from repl_tax import plain_generate  # bench/, next to this script: model.generate of N new tokens per row
 
 from replrl.backends import load_generator
+from replrl.backends.hf import GEN_THREADS
 from replrl.cli import run_script
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
@@ -48,6 +59,7 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
     tok = gen.tokenizer
     session = gen.session(prompts, sampling)
     totals = {"model": 0, "env": 0, "lines": 0}
+    env_ids: list[list[int]] = [[] for _ in prompts]
     t0 = time.perf_counter()
 
     async def episode(i: int) -> None:
@@ -56,24 +68,26 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
         async with pool.acquire() as kernel:
             repl = ReplSession(kernel, banner="")
             while sampled < tokens:
+                env_ids[i] += env  # what the model reads (the last line's output is never fed)
+                totals["env"] += len(env)
                 line = await session.next_line(i, env)
                 sampled += len(line.token_ids)
                 text = tok.decode(line.token_ids)
                 step = await repl.feed(code_of(text[:-1] if text.endswith("\n") else text.replace("\n", " ")))
                 env = env_token_ids(tok, step.output, step.next_prompt, 64)
                 totals["model"] += len(line.token_ids)
-                totals["env"] += len(env)
                 totals["lines"] += 1
         session.finish(i)
 
     await asyncio.gather(*(episode(i) for i in range(len(prompts))))
     wall = time.perf_counter() - t0
     await session.aclose()
-    return {"wall": wall, **totals, "stats": dict(getattr(session, "stats", {}))}
+    return {"wall": wall, **totals, "env_ids": env_ids, "stats": dict(getattr(session, "stats", {}))}
 
 
 def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
-    """One vLLM request per row, exactly ``new_tokens`` new tokens (no stop, EOS ignored), all at once."""
+    """One vLLM request per row, exactly ``new_tokens`` new tokens (no stop, EOS ignored), all at once, from a cold
+    prefix cache (as the REPL rollouts start, and as ``model.generate`` does: every prompt is prefilled)."""
     import vllm
     from vllm.sampling_params import RequestOutputKind
 
@@ -89,10 +103,17 @@ def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
     async def run() -> list[int]:
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
+    cold(gen)
     t0 = time.perf_counter()
     counts = gen.call(run())  # on the engine's own event loop
     assert counts == [new_tokens] * len(prompts), counts
     return time.perf_counter() - t0
+
+
+def cold(gen: Any) -> None:
+    """Empty vLLM's prefix cache, so a timed run prefills its prompts as HF's do (no-op for HF)."""
+    if hasattr(gen, "engine") and not gen.call(gen.engine.reset_prefix_cache()):
+        raise RuntimeError("vLLM could not reset its prefix cache")
 
 
 def main() -> None:
@@ -104,6 +125,8 @@ def main() -> None:
     ap.add_argument("--line-tokens", type=int, default=24)
     args = ap.parse_args()
     Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
+    if GEN_THREADS:
+        torch.set_num_threads(GEN_THREADS)  # model.generate gets the thread count HF's REPL rollouts run with
     model, tokenizer = load_model_and_tokenizer(args.model)
     model.eval()
     rows = load_task("gsm8k", data=args.data).rows("test")
@@ -122,6 +145,7 @@ def main() -> None:
                        for i in range(b)]
             fig: dict[str, float] = {}
             for name, gen in gens.items():
+                cold(gen)
                 run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
                 per_row = run["model"] / b
                 plain = (vllm_plain(gen, prompts, round(per_row)) if name == "vllm"
@@ -134,9 +158,21 @@ def main() -> None:
                         f"{name}_repl_vs_plain_ratio": round(run["wall"] / plain, 3)}
                 if name == "vllm":
                     stats = run["stats"]
-                    fig["vllm_prefix_cache_hit_rate"] = round(stats["cached_tokens"] / max(stats["prompt_tokens"], 1),
-                                                              3)
+                    fig["vllm_context_reuse_rate"] = round(stats["cached_tokens"] / max(stats["prompt_tokens"], 1), 3)
+                    # the same tokens without the line-by-line loop: each row's interpreter tokens appended to its
+                    # prompt (prefilled at once), then plain generation of the same model tokens
+                    same = vllm_plain(gen, [p + e for p, e in zip(prompts, run["env_ids"], strict=True)],
+                                      round(per_row))
+                    fig |= {"vllm_same_tokens_plain_s": round(same, 3),
+                            "vllm_repl_vs_same_tokens_ratio": round(run["wall"] / same, 3),
+                            "vllm_same_tokens_vs_plain_ratio": round(same / plain, 3)}
             fig["vllm_vs_hf_rollout_speedup"] = round(fig["hf_repl_s"] / fig["vllm_repl_s"], 3)
+            # each backend samples its own lines, so their interpreters print different amounts: per token read
+            # (prompt, interpreter) or written (model)
+            prompt = sum(map(len, prompts)) / b
+            work = {n: prompt + fig[f"{n}_model_tokens_per_row"] + fig[f"{n}_env_tokens_per_row"] for n in gens}
+            per_token = {n: fig[f"{n}_repl_s"] / work[n] for n in gens}
+            fig["vllm_vs_hf_speedup_per_token"] = round(per_token["hf"] / per_token["vllm"], 3)
             per_batch[b] = fig
             print(f"batch {b}: {fig['vllm_model_tokens_per_row']:.0f} model tokens per row")
             for name in gens:
@@ -144,8 +180,14 @@ def main() -> None:
                 print(f"  {name:5s} REPL rollouts {f['repl_s']:7.2f} s ({f['repl_tokens_per_s']:6.1f} tok/s)   "
                       f"plain {f['plain_s']:7.2f} s ({f['plain_tokens_per_s']:6.1f} tok/s)   "
                       f"ratio {f['repl_vs_plain_ratio']:.2f}x")
-            print(f"  vLLM vs HF rollout speedup {fig['vllm_vs_hf_rollout_speedup']:.2f}x "
-                  f"(prefix cache hit rate {fig['vllm_prefix_cache_hit_rate']:.2f})")
+            print(f"  vLLM vs HF rollout speedup {fig['vllm_vs_hf_rollout_speedup']:.2f}x, per token read or written "
+                  f"{fig['vllm_vs_hf_speedup_per_token']:.2f}x (interpreter tokens per row: vLLM "
+                  f"{fig['vllm_env_tokens_per_row']:.0f}, HF {fig['hf_env_tokens_per_row']:.0f}; context reused by "
+                  f"line requests {fig['vllm_context_reuse_rate']:.2f})")
+            print(f"  vLLM, the same tokens without the loop (interpreter tokens prefilled with the prompt) "
+                  f"{fig['vllm_same_tokens_plain_s']:.2f} s: REPL / that "
+                  f"{fig['vllm_repl_vs_same_tokens_ratio']:.2f}x, that / plain "
+                  f"{fig['vllm_same_tokens_vs_plain_ratio']:.2f}x")
     finally:
         run_sync(pool.close())
     for gen in gens.values():
@@ -154,8 +196,11 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(json.dumps({"device": device, "batch": args.batches[0], "tokens_per_row": args.tokens,
                       "vllm_vs_hf_rollout_speedup": first["vllm_vs_hf_rollout_speedup"],
+                      "vllm_vs_hf_speedup_per_token": first["vllm_vs_hf_speedup_per_token"],
                       "vllm_repl_vs_plain_ratio": first["vllm_repl_vs_plain_ratio"],
                       "hf_repl_vs_plain_ratio": first["hf_repl_vs_plain_ratio"],
+                      "vllm_repl_vs_same_tokens_ratio": first["vllm_repl_vs_same_tokens_ratio"],
+                      "vllm_same_tokens_vs_plain_ratio": first["vllm_same_tokens_vs_plain_ratio"],
                       "vllm_engine_start_s": round(vllm_start, 1),
                       "vllm_sync_weights_s": round(sync_s, 2), "batches": per_batch}))
 

@@ -178,6 +178,20 @@ def test_session_errors_and_close(gen, tok):
     check_session_errors_and_close(gen, tok)
 
 
+def test_transcript_that_fills_the_engine_is_one_line_error(gen, tok):
+    """A row whose transcript leaves no room under max_model_len is refused with a ValueError, before any request."""
+    use_model(gen, tok, {})
+
+    async def main():
+        session = gen.session([[one_id(tok, "x")] * (gen.max_model_len - 4)], SamplingParams(seed=0))
+        with pytest.raises(ValueError, match="max_model_len"):
+            await session.next_line(0, [one_id(tok, "x")] * 4)
+        assert session.stats["requests"] == 0
+        await session.aclose()
+
+    asyncio.run(main())
+
+
 def probe_logprobs(gen, tok, prompt: list[int], params: SamplingParams) -> tuple[list[int], list[float], int]:
     """One line on ``prompt``: (sampled ids, engine log-probs, prompt tokens found in the prefix cache)."""
 

@@ -474,6 +474,11 @@ async def _start(args: AsyncEngineArgs) -> AsyncLLM:
 
 def _shutdown(engine: AsyncLLM | None, loop: _LoopThread, directory: Path) -> None:
     if engine is not None:
+        try:  # the engine's output handler first: it would log the engine process's exit as an error
+            if loop.loop.is_running():
+                loop.call(_cancel_others(), timeout=10)
+        except Exception:  # a loop that cannot answer is stopped below all the same
+            pass
         try:
             engine.shutdown()
         except Exception:  # already gone: nothing left to release
