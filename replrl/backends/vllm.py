@@ -254,6 +254,8 @@ class _Stream:
         self.lines.put_nowait(RuntimeError("the row's request ended"))
 
     async def line(self, ids: list[int], params: vllm.SamplingParams) -> tuple[LineSample, int]:
+        if self.task.done() and self.lines.empty():  # ended (aborted, failed) and its error already reported
+            raise RuntimeError("the row's vLLM request has ended")
         self.chunks.put_nowait((ids, params))
         item = await self.lines.get()
         if isinstance(item, BaseException):
