@@ -1,0 +1,191 @@
+"""Untrained accuracy on the ``programs`` task, per level, for each model and temperature (issue 15's baseline).
+
+For each (model, temperature) cell: one episode per problem on the first ``--per-level`` problems of each level of
+the test split (the split cycles through every (family, level), so 52 per level is 4 per family), sampled with the
+task's own rollout limits (``ProgramsTask.rollout_defaults``, applied by the config as in training) and the default
+rewards, through ``replrl.rollout.rollout`` and ``summarize``, as ``replrl eval`` does (``trainer.evaluate`` returns
+only the summary; the figures per level and the opened blocks need the episodes). Printed per cell: accuracy per
+level, submit rate, lines per episode, syntax errors per line, the fraction of episodes that opened a block (a line
+ending with ':'), the fraction whose last line ran at the end-of-turn token, and the model's tokens/s in rollouts
+(every model token / rollout wall time, model load and kernel start excluded). Ends with one JSON line.
+
+Resumable: every wave's episodes are appended to ``--episodes DIR/<model>@<T>.jsonl`` as it finishes, and every
+finished cell is written to ``--out`` at once; a rerun skips finished cells and finished problems.
+
+    python bench/programs_baseline.py [--models M ...] [--temperatures 0.7 1.0] [--per-level 52] [--backend hf]
+    .venv-vllm/bin/python bench/programs_baseline.py --backend vllm ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from replrl.api import load_config
+from replrl.backends import load_generator
+from replrl.cli import run_script
+from replrl.policy import load_policy
+from replrl.rewards import RewardModel
+from replrl.rollout import EpisodeRules, rollout, summarize
+from replrl.trainer import split_rows, task_from_config
+from replrl.types import Trajectory
+from replrl.viewer import load_jsonl, save_jsonl
+from sandbox import KernelPool, run_sync
+
+MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
+LEVELS = (1, 2, 3)
+
+
+def opened_block(traj: Trajectory) -> bool:
+    """Whether a line of the episode opens a block (``for ...:``, ``def ...:``; comments do not count)."""
+    return any(ln.code.rstrip().endswith(":") and not ln.code.lstrip().startswith("#") for ln in traj.lines)
+
+
+def figures(trajs: list[Trajectory]) -> dict[str, float]:
+    """``summarize``'s figures, plus the fraction of episodes that opened a block."""
+    s = summarize(trajs)
+    keys = ("episodes", "accuracy", "submit_rate", "lines_per_episode", "syntax_error_rate", "exception_rate",
+            "eof_line_ran", "model_tokens_per_episode")
+    out = {k: s[k] for k in keys}
+    n = max(len(trajs), 1)
+    out["opened_block"] = sum(opened_block(t) for t in trajs) / n
+    at_eot = [t for t in trajs if t.end_reason == "eos" and t.lines and t.lines[-1].status != "incomplete"]
+    out["eof_submitted"] = sum(t.submitted for t in at_eot) / n  # episodes whose answer came from that last line
+    out["eof_correct"] = sum(bool(t.correct) for t in at_eot) / n
+    out.update({k: v for k, v in s.items() if k.startswith("end/")})
+    return out
+
+
+def run_cell(model: str, temperature: float, per_level: int, backend: str, wave: int, episodes: Path,
+             seed: int) -> dict[str, Any]:
+    """One (model, temperature) cell: its episodes (resumed from ``episodes`` if partly done) and figures."""
+    cfg = load_config(model={"name": model, "backend": backend}, task={"name": "programs", "options": {"level": 0}},
+                      rollout={"temperature": temperature}, run={"seed": seed})
+    task = task_from_config(cfg)
+    rows = split_rows(task, cfg.task.eval_split)
+    chosen: list[tuple[int, dict]] = []
+    for lv in LEVELS:
+        chosen += [(i, row) for i, row in enumerate(rows) if row["level"] == lv][:per_level]
+    chosen.sort(key=lambda pair: pair[0])  # split order: every wave mixes levels and families
+    done = load_jsonl(episodes) if episodes.exists() else []
+    episodes.parent.mkdir(parents=True, exist_ok=True)
+    timing_file = episodes.with_suffix(".timing.json")
+    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {"wall_s": 0.0, "model_tokens": 0}
+    todo = [pair for pair in chosen if pair[0] not in {t.row for t in done}]
+    print(f"{model} T={temperature}: {len(chosen)} problems, {len(chosen) - len(todo)} already done "
+          f"(rollout limits: {_limits(cfg)}, backend {backend})", flush=True)
+    if todo:
+        t0 = time.perf_counter()
+        policy, tokenizer = load_policy(cfg.model, seed=seed)
+        generator = load_generator(cfg.model.backend, policy, tokenizer)
+        print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+        rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
+        pool = run_sync(KernelPool(size=wave, limits=cfg.rollout.limits(), tools=task.tools).start())
+        try:
+            for start in range(0, len(todo), wave):
+                sampling = cfg.rollout.sampling(seed=seed + 7 + len(done))
+                part, stats = run_sync(rollout(generator, pool, task, todo[start:start + wave], rewards, sampling,
+                                               rules, chat_template=cfg.model.chat_template))
+                done += part
+                save_jsonl(done, episodes.with_suffix(".partial"))
+                os.replace(episodes.with_suffix(".partial"), episodes)
+                timing["wall_s"] += stats.wall_s
+                timing["model_tokens"] += stats.model_tokens
+                timing_file.write_text(json.dumps(timing))
+                print(f"  {len(done)}/{len(chosen)} episodes, {sum(bool(t.correct) for t in done)} correct, "
+                      f"{stats.model_tokens / max(stats.wall_s, 1e-9):.1f} tokens/s in this wave", flush=True)
+        finally:
+            run_sync(pool.close())
+            if hasattr(generator, "close"):
+                generator.close()
+    wanted = {i for i, _ in chosen}
+    done = [t for t in done if t.row in wanted]
+    level_of = {i: row["level"] for i, row in chosen}
+    cell = {"model": model, "temperature": temperature, "backend": backend, "per_level": per_level,
+            "limits": _limits(cfg), "all": figures(done),
+            "levels": {str(lv): figures([t for t in done if level_of[t.row] == lv]) for lv in LEVELS},
+            "tokens_per_s": timing["model_tokens"] / max(timing["wall_s"], 1e-9), "rollout_wall_s": timing["wall_s"],
+            "code": _code_version()}
+    return cell
+
+
+def _code_version() -> str:
+    """The commit the cell ran at, and the files of replrl/ and sandbox/ then modified but not committed."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+        return done.stdout.rstrip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "replrl", "sandbox").splitlines()
+    modified = " ".join(line[3:] for line in dirty if line.strip())
+    return git("rev-parse", "--short", "HEAD") + (f" + uncommitted {modified}" if modified else "")
+
+
+def _limits(cfg: Any) -> dict[str, int]:
+    r = cfg.rollout
+    return {"max_lines": r.max_lines, "max_line_tokens": r.max_line_tokens, "max_total_tokens": r.max_total_tokens,
+            "max_output_tokens": r.max_output_tokens}
+
+
+def table(cells: list[dict[str, Any]]) -> str:
+    head = (f"{'model':<28} {'T':>4} {'level 1':>8} {'level 2':>8} {'level 3':>8} {'all':>8} {'submit':>7} "
+            f"{'lines/ep':>8} {'syntax err/line':>15} {'opened block':>12} {'last line at EOT':>16} {'tokens/s':>8}")
+    out = [head]
+    for c in cells:
+        acc = [c["levels"][str(lv)] for lv in LEVELS]
+        a = c["all"]
+        out.append(f"{c['model']:<28} {c['temperature']:>4} "
+                   + " ".join(f"{round(x['accuracy'] * x['episodes']):>4}/{x['episodes']:<3}" for x in acc)
+                   + f" {a['accuracy']:>7.1%} {a['submit_rate']:>7.0%} {a['lines_per_episode']:>8.1f} "
+                   f"{a['syntax_error_rate']:>15.1%} {a['opened_block']:>12.0%} {a['eof_line_ran']:>16.0%} "
+                   f"{c['tokens_per_s']:>8.1f}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.7, 1.0])
+    p.add_argument("--per-level", type=int, default=52, help="problems per level (52 = 4 per family)")
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--wave", type=int, default=16, help="episodes sampled at once (kernels in the pool)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="docs/results/programs_baseline.json", help="results, one entry per cell")
+    p.add_argument("--episodes", default="/tmp/programs_baseline", help="directory for the episodes (JSON Lines)")
+    args = p.parse_args()
+    if args.per_level < 1 or args.wave < 1:
+        raise ValueError("--per-level and --wave must be >= 1")
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {"cells": {}}
+    cells = []
+    for model in args.models:
+        for temperature in args.temperatures:
+            key = f"{model}@{temperature}"
+            cell = results["cells"].get(key)
+            if cell is None or cell["per_level"] != args.per_level:
+                name = f"{model.replace('/', '_')}@{temperature}.jsonl"
+                cell = run_cell(model, temperature, args.per_level, args.backend, args.wave,
+                                Path(args.episodes) / name, args.seed)
+                results["cells"][key] = cell
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = out.with_name(f".{out.name}.{os.getpid()}")
+                tmp.write_text(json.dumps(results, indent=1) + "\n")
+                os.replace(tmp, out)
+            cells.append(cell)
+            print(table([cell]).splitlines()[1], flush=True)
+    print()
+    print(table(cells))
+    print(json.dumps({"programs_baseline": {k: {"accuracy_per_level": [c["levels"][str(lv)]["accuracy"]
+                                                                       for lv in LEVELS], **c["all"],
+                                                 "tokens_per_s": c["tokens_per_s"]}
+                                             for k, c in results["cells"].items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))
