@@ -85,7 +85,8 @@ class RolloutConfig:
     max_line_tokens: int = 40
     """A line longer than this ends the episode (end reason overlong_line)."""
     max_lines: int = 5
-    """Lines per episode (block lines count)."""
+    """Lines per episode (block lines count). A task may imply its own rollout limits where you set none (the
+    programs task: 24 lines, 64 tokens a line, 1536 in all, 64 of output; see its rollout_defaults)."""
     max_total_tokens: int = 448
     """Prompt + generated + spliced tokens per episode."""
     max_output_tokens: int = 48
