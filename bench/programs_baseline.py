@@ -118,7 +118,7 @@ def run_cell(model: str, temperature: float, per_level: int, backend: str, wave:
 def _code_version() -> str:
     """The commit the cell ran at, and the files of replrl/ and sandbox/ then modified but not committed."""
     def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
         return done.stdout.rstrip()
 
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "replrl", "sandbox").splitlines()
