@@ -6,14 +6,16 @@ task's own rollout limits (``ProgramsTask.rollout_defaults``, applied by the con
 rewards, through ``replrl.rollout.rollout`` and ``summarize``, as ``replrl eval`` does (``trainer.evaluate`` returns
 only the summary; the figures per level and the opened blocks need the episodes). Printed per cell: accuracy per
 level, submit rate, lines per episode, syntax errors per line, the fraction of episodes that opened a block (a line
-ending with ':'), the fraction whose last line ran at the end-of-turn token, and the model's tokens/s in rollouts
-(every model token / rollout wall time, model load and kernel start excluded). Ends with one JSON line.
+ending with ':'), the fraction that broke the REPL's block rule (a statement typed unindented straight after a
+block's body, a SyntaxError), the fraction whose last line ran at the end-of-turn token, and the model's tokens/s in
+rollouts (every model token / rollout wall time, model load and kernel start excluded), as a markdown table; then
+one JSON line.
 
 Resumable: every wave's episodes are appended to ``--episodes DIR/<model>@<T>.jsonl`` as it finishes, and every
 finished cell is written to ``--out`` at once; a rerun skips finished cells and finished problems.
 
     python bench/programs_baseline.py [--models M ...] [--temperatures 0.7 1.0] [--per-level 52] [--backend hf]
-    .venv-vllm/bin/python bench/programs_baseline.py --backend vllm ...
+    .venv-vllm/bin/python bench/programs_baseline.py --backend vllm ...   (the 0.5B: ~20 GB of memory on a CPU)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from replrl.api import load_config
 from replrl.backends import load_generator
 from replrl.cli import run_script
 from replrl.policy import load_policy
-from replrl.rewards import RewardModel
+from replrl.rewards import SYNTAX_ERRORS, RewardModel
 from replrl.rollout import EpisodeRules, rollout, summarize
 from replrl.trainer import split_rows, task_from_config
 from replrl.types import Trajectory
@@ -47,14 +49,22 @@ def opened_block(traj: Trajectory) -> bool:
     return any(ln.code.rstrip().endswith(":") and not ln.code.lstrip().startswith("#") for ln in traj.lines)
 
 
+def block_rule_error(traj: Trajectory) -> bool:
+    """Whether the episode typed a statement at the ``... `` prompt without indenting it and got a SyntaxError: the
+    next statement straight after a block's body, where CPython's REPL wants a blank line to close the block."""
+    return any(ln.prompt.startswith("...") and ln.status == "error" and ln.error_name in SYNTAX_ERRORS
+               and ln.code[:1] not in ("", " ", "\t") for ln in traj.lines)
+
+
 def figures(trajs: list[Trajectory]) -> dict[str, float]:
-    """``summarize``'s figures, plus the fraction of episodes that opened a block."""
+    """``summarize``'s figures, plus the fractions of episodes that opened a block and that broke the block rule."""
     s = summarize(trajs)
     keys = ("episodes", "accuracy", "submit_rate", "lines_per_episode", "syntax_error_rate", "exception_rate",
             "eof_line_ran", "model_tokens_per_episode")
     out = {k: s[k] for k in keys}
     n = max(len(trajs), 1)
     out["opened_block"] = sum(opened_block(t) for t in trajs) / n
+    out["block_rule_error"] = sum(block_rule_error(t) for t in trajs) / n
     at_eot = [t for t in trajs if t.end_reason == "eos" and t.lines and t.lines[-1].status != "incomplete"]
     out["eof_submitted"] = sum(t.submitted for t in at_eot) / n  # episodes whose answer came from that last line
     out["eof_correct"] = sum(bool(t.correct) for t in at_eot) / n
@@ -63,8 +73,9 @@ def figures(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 def run_cell(model: str, temperature: float, per_level: int, backend: str, wave: int, episodes: Path,
-             seed: int) -> dict[str, Any]:
-    """One (model, temperature) cell: its episodes (resumed from ``episodes`` if partly done) and figures."""
+             seed: int, code: str) -> dict[str, Any]:
+    """One (model, temperature) cell: its episodes (resumed from ``episodes`` if partly done) and figures. ``code``:
+    the version of replrl that samples (recorded with the episodes)."""
     cfg = load_config(model={"name": model, "backend": backend}, task={"name": "programs", "options": {"level": 0}},
                       rollout={"temperature": temperature}, run={"seed": seed})
     task = task_from_config(cfg)
@@ -97,6 +108,7 @@ def run_cell(model: str, temperature: float, per_level: int, backend: str, wave:
                 os.replace(episodes.with_suffix(".partial"), episodes)
                 timing["wall_s"] += stats.wall_s
                 timing["model_tokens"] += stats.model_tokens
+                timing["code"] = code
                 timing_file.write_text(json.dumps(timing))
                 print(f"  {len(done)}/{len(chosen)} episodes, {sum(bool(t.correct) for t in done)} correct, "
                       f"{stats.model_tokens / max(stats.wall_s, 1e-9):.1f} tokens/s in this wave", flush=True)
@@ -111,7 +123,7 @@ def run_cell(model: str, temperature: float, per_level: int, backend: str, wave:
             "limits": _limits(cfg), "all": figures(done),
             "levels": {str(lv): figures([t for t in done if level_of[t.row] == lv]) for lv in LEVELS},
             "tokens_per_s": timing["model_tokens"] / max(timing["wall_s"], 1e-9), "rollout_wall_s": timing["wall_s"],
-            "code": _code_version()}
+            "code": timing.get("code", "")}
     return cell
 
 
@@ -133,17 +145,17 @@ def _limits(cfg: Any) -> dict[str, int]:
 
 
 def table(cells: list[dict[str, Any]]) -> str:
-    head = (f"{'model':<28} {'T':>4} {'level 1':>8} {'level 2':>8} {'level 3':>8} {'all':>8} {'submit':>7} "
-            f"{'lines/ep':>8} {'syntax err/line':>15} {'opened block':>12} {'last line at EOT':>16} {'tokens/s':>8}")
-    out = [head]
+    cols = ["model", "T", "level 1", "level 2", "level 3", "all", "submit", "lines/ep", "syntax err/line",
+            "opened block", "block rule err", "EOT line ran", "tokens/s"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for c in cells:
-        acc = [c["levels"][str(lv)] for lv in LEVELS]
-        a = c["all"]
-        out.append(f"{c['model']:<28} {c['temperature']:>4} "
-                   + " ".join(f"{round(x['accuracy'] * x['episodes']):>4}/{x['episodes']:<3}" for x in acc)
-                   + f" {a['accuracy']:>7.1%} {a['submit_rate']:>7.0%} {a['lines_per_episode']:>8.1f} "
-                   f"{a['syntax_error_rate']:>15.1%} {a['opened_block']:>12.0%} {a['eof_line_ran']:>16.0%} "
-                   f"{c['tokens_per_s']:>8.1f}")
+        a, levels = c["all"], [c["levels"][str(lv)] for lv in LEVELS]
+        out.append("| " + " | ".join([
+            c["model"], f"{c['temperature']}",
+            *(f"{round(x['accuracy'] * x['episodes'])}/{x['episodes']}" for x in levels),
+            f"{a['accuracy']:.1%}", f"{a['submit_rate']:.0%}", f"{a['lines_per_episode']:.1f}",
+            f"{a['syntax_error_rate']:.1%}", f"{a['opened_block']:.0%}", f"{a['block_rule_error']:.0%}",
+            f"{a['eof_line_ran']:.1%}", f"{c['tokens_per_s']:.1f}"]) + " |")
     return "\n".join(out)
 
 
@@ -157,27 +169,29 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="docs/results/programs_baseline.json", help="results, one entry per cell")
     p.add_argument("--episodes", default="/tmp/programs_baseline", help="directory for the episodes (JSON Lines)")
+    p.add_argument("--refigure", action="store_true",
+                   help="recompute finished cells from their episodes (sampling only what is missing)")
     args = p.parse_args()
     if args.per_level < 1 or args.wave < 1:
         raise ValueError("--per-level and --wave must be >= 1")
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {"cells": {}}
-    cells = []
+    cells, code = [], _code_version()  # as this process imported it
     for model in args.models:
         for temperature in args.temperatures:
             key = f"{model}@{temperature}"
             cell = results["cells"].get(key)
-            if cell is None or cell["per_level"] != args.per_level:
+            if cell is None or cell["per_level"] != args.per_level or args.refigure:
                 name = f"{model.replace('/', '_')}@{temperature}.jsonl"
                 cell = run_cell(model, temperature, args.per_level, args.backend, args.wave,
-                                Path(args.episodes) / name, args.seed)
+                                Path(args.episodes) / name, args.seed, code)
                 results["cells"][key] = cell
                 out.parent.mkdir(parents=True, exist_ok=True)
                 tmp = out.with_name(f".{out.name}.{os.getpid()}")
                 tmp.write_text(json.dumps(results, indent=1) + "\n")
                 os.replace(tmp, out)
             cells.append(cell)
-            print(table([cell]).splitlines()[1], flush=True)
+            print(table([cell]).splitlines()[-1], flush=True)
     print()
     print(table(cells))
     print(json.dumps({"programs_baseline": {k: {"accuracy_per_level": [c["levels"][str(lv)]["accuracy"]
