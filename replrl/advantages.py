@@ -227,8 +227,7 @@ def line_rtg_advantages(
         line_adv, episode_adv = line_adv / denom[:, None], episode_adv / denom
     has_line = (line_index >= 0) & (loss_mask > 0)                         # [B, T]
     line_part = line_adv.gather(1, line_index.clamp(min=0))                # [B, T]
-    episode_part = episode_adv[:, None] * loss_mask.to(r.dtype)            # [B, T]
-    return torch.where(has_line, line_part, episode_part)                  # [B, T]
+    return torch.where(has_line, line_part, per_token(episode_adv, loss_mask).to(r.dtype))  # [B, T]
 
 
 # ---------------------------------------------------------------------------------------------------------------
