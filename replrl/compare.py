@@ -1,4 +1,4 @@
-"""Compare variants over seeds: curves with 95% bands, and a table of final held-out numbers with confidence
+"""Compare variants over seeds: curves with 95% bands, and a table of each run's final measures with confidence
 intervals and differences to a baseline paired by seed.
 
     fig, table = compare("runs/sweep", out="runs/sweep/compare")     # or compare([run_a, run_b, ...])
@@ -7,11 +7,21 @@ Runs are grouped into variants by directory: a sweep directory holds ``<variant>
 directory holds ``seed<k>`` runs, and a run directory given alone is a variant of its own. A run's seed is its
 config's ``run.seed`` (else the k of ``seed<k>``); the paired difference to the baseline uses the seeds both have.
 
+The table's measures (MEASURES), one number per run:
+- from the run's last held-out evaluation: ``eval/accuracy``, ``eval/accuracy_level1..3`` (per difficulty level),
+  ``eval/syntax_error_rate``, ``eval/exception_rate``, ``eval/lines_per_episode`` and ``eval/correct_block_frac``
+  (the share of correct episodes that used a multi-line block);
+- from its last transfer evaluation (a second task): ``transfer/accuracy``;
+- over its training steps, the mean of ``adv/correct_negative_frac`` (correct episodes given a negative advantage).
+A value missing from that last evaluation is missing for the run (not taken from an earlier one). A measure no run
+has is left out; accuracy, syntax_error_rate and exception_rate are always there. A run's wall-clock is its sweep's
+record (``sweep.json``, the process's own) when there is one, else the sum of its logged ``step_s``, ``eval/wall_s``
+and ``transfer/wall_s`` (which leaves out start-up, model loading and checkpoints).
+
 Statistics, per variant, over its seeds (n of them):
 - curves: at each step, the mean of the seeds that logged the measure there, and a 95% t-interval band
   (mean +- t(0.975, n-1) * sd / sqrt(n), no band where n < 2). A step where no seed logged it is a gap.
-- table: each run's last held-out evaluation (``eval/accuracy``, ``eval/syntax_error_rate``,
-  ``eval/exception_rate``), mean and 95% t-interval over seeds; the difference to the baseline paired by seed, mean
+- table: each measure's mean and 95% t-interval over seeds; the difference to the baseline paired by seed, mean
   and a 95% percentile bootstrap CI over the seed pairs (exact, every resample weighted by its probability, for
   up to 8 pairs; else 20,000 seeded resamples).
 """
@@ -26,7 +36,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .metrics import read_metrics
 from .plot import markevery, step_series
@@ -44,11 +54,35 @@ CURVES = [  # (panel title, metric)
     ("exceptions per line", "exception_rate"),
     ("lines per episode", "lines_per_episode"),
 ]
-FINAL = [  # (table column, held-out metric): each run's last evaluation
-    ("accuracy", "eval/accuracy"),
-    ("syntax_error_rate", "eval/syntax_error_rate"),
-    ("exception_rate", "eval/exception_rate"),
+
+
+class Measure(NamedTuple):
+    col: str  # the table's column (``<col>_mean``, ``<col>_lo``, ... in the variants table)
+    key: str  # the logged metric
+    how: str  # "final": the run's last evaluation of the key's kind; "train_mean": mean over its training steps
+    label: str  # its name in summary.md
+
+
+MEASURES = [
+    Measure("accuracy", "eval/accuracy", "final", "held-out accuracy"),
+    Measure("accuracy_level1", "eval/accuracy_level1", "final", "held-out accuracy, level 1"),
+    Measure("accuracy_level2", "eval/accuracy_level2", "final", "held-out accuracy, level 2"),
+    Measure("accuracy_level3", "eval/accuracy_level3", "final", "held-out accuracy, level 3"),
+    Measure("transfer_accuracy", "transfer/accuracy", "final", "transfer accuracy"),
+    Measure("syntax_error_rate", "eval/syntax_error_rate", "final", "syntax errors/line"),
+    Measure("exception_rate", "eval/exception_rate", "final", "exceptions/line"),
+    Measure("lines_per_episode", "eval/lines_per_episode", "final", "lines/episode"),
+    Measure("correct_block_frac", "eval/correct_block_frac", "final", "correct episodes using a block"),
+    Measure("correct_negative_frac", "adv/correct_negative_frac", "train_mean",
+            "correct episodes with advantage < 0 (training mean)"),
 ]
+ALWAYS = ("accuracy", "syntax_error_rate", "exception_rate")
+"""Measures kept in the tables even when no run has them (the columns callers have always had)."""
+EVAL_PREFIXES = ("eval/", "transfer/")
+"""Keys logged by an evaluation; a ``final`` measure takes the last row holding a key with the same prefix."""
+WALL_KEYS = ("step_s", "eval/wall_s", "transfer/wall_s")
+"""Logged seconds whose sum is a run's wall-clock when its sweep recorded none."""
+
 T975 = [12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
         2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
         2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272]
@@ -182,10 +216,47 @@ def _sweep_order(path: Path) -> list[str]:
         return []
 
 
+def _kind(key: str) -> str:
+    return next((p for p in EVAL_PREFIXES if key.startswith(p)), "")
+
+
 def final_value(rows: Sequence[dict[str, Any]], key: str) -> float:
-    """The metric in the run's last evaluation row (NaN when it never evaluated)."""
-    steps, values = step_series(rows, key)
-    return values[-1] if steps else math.nan
+    """The metric in the run's last row of its kind: the last evaluation (``eval/``) or transfer evaluation
+    (``transfer/``) for such a key, the last training row otherwise. NaN when there is none, or when that row lacks
+    it. Rows repeated at one step (a resumed run's evaluation) count once, the last one."""
+    kind = _kind(key)
+    by_step: dict[int, Any] = {}
+    for row in rows:
+        if "step" in row and any(k != "step" and _kind(k) == kind for k in row):
+            by_step[int(row["step"])] = row.get(key)
+    value = by_step[max(by_step)] if by_step else None
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def _logged(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
+    """The finite values of one metric, one per step (the last row that has it)."""
+    by_step = {int(r["step"]): r[key] for r in rows if "step" in r and isinstance(r.get(key), (int, float))}
+    return [float(v) for v in by_step.values() if math.isfinite(v)]
+
+
+def train_mean(rows: Sequence[dict[str, Any]], key: str) -> float:
+    """The mean of a training metric over the steps that logged it (NaN when none did)."""
+    values = _logged(rows, key)
+    return sum(values) / len(values) if values else math.nan
+
+
+def measure_value(rows: Sequence[dict[str, Any]], measure: Measure) -> float:
+    return train_mean(rows, measure.key) if measure.how == "train_mean" else final_value(rows, measure.key)
+
+
+def wall_clock(run: RunData) -> tuple[float, str]:
+    """(seconds, source): the sweep's record of the process (``"sweep"``), else the sum of the logged step and
+    evaluation times (``"logged"``), else (NaN, ``""``)."""
+    recorded = run.record.get("wall_s")
+    if isinstance(recorded, (int, float)):
+        return float(recorded), "sweep"
+    logged = [v for key in WALL_KEYS for v in _logged(run.rows, key)]
+    return (float(sum(logged)), "logged") if logged else (math.nan, "")
 
 
 def train_steps(rows: Sequence[dict[str, Any]]) -> tuple[int, int]:
@@ -250,24 +321,29 @@ def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
 
 
 def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]:
-    """(one row per variant, one row per run) as DataFrames."""
+    """(one row per variant, one row per run) as DataFrames, with the measures some run has (and ALWAYS)."""
     import pandas as pd
 
     runs = []
     for variant, rs in variants.items():
         for r in rs:
             steps, episodes = train_steps(r.rows)
+            wall_s, wall_source = wall_clock(r)
             runs.append({"variant": variant, "seed": r.seed, "steps": steps, "episodes": episodes,
-                         "wall_s": float(r.record.get("wall_s", math.nan)),
-                         **{col: final_value(r.rows, key) for col, key in FINAL}, "run_dir": str(r.path)})
+                         "wall_s": wall_s, "wall_s_source": wall_source,
+                         **{m.col: measure_value(r.rows, m) for m in MEASURES}, "run_dir": str(r.path)})
     per_run = pd.DataFrame(runs)
+    absent = [m.col for m in MEASURES if m.col not in ALWAYS and per_run[m.col].isna().all()]
+    per_run = per_run.drop(columns=absent)
+    measures = [m for m in MEASURES if m.col not in absent]
     base = per_run[per_run.variant == baseline].set_index("seed")
     rows = []
     for variant, group in per_run.groupby("variant", sort=False):
         row: dict[str, Any] = {"variant": variant, "seeds": len(group)}
         mine = group.set_index("seed")
         paired = [s for s in mine.index if s in base.index]
-        for col, _ in FINAL:
+        for m in measures:
+            col = m.col
             row[f"{col}_mean"], row[f"{col}_lo"], row[f"{col}_hi"] = mean_ci(list(group[col]))
             diffs = [mine.at[s, col] - base.at[s, col] for s in paired] if variant != baseline else []
             diffs = [d for d in diffs if not math.isnan(d)]
@@ -281,38 +357,53 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
 
 
 def markdown(table: Any, per_run: Any, baseline: str) -> str:
-    """The two tables as markdown: variants (final held-out numbers, CIs, paired differences), then runs."""
+    """The two tables as markdown. Variants: one row per measure, one column per variant (mean and CI; below it,
+    for the others, the paired difference to the baseline), then seeds, steps, episodes and wall-clock per run.
+    Runs: one row each."""
     def num(v: float, sign: bool = False) -> str:
         return "-" if v is None or math.isnan(v) else (f"{v:+.3f}" if sign else f"{v:.3f}")
 
     def ci(lo: float, hi: float, sign: bool = False) -> str:
         return "" if math.isnan(lo) else f" [{num(lo, sign)}, {num(hi, sign)}]"
 
-    names = {"accuracy": "accuracy", "syntax_error_rate": "syntax errors/line", "exception_rate": "exceptions/line"}
-    head = ["variant", "seeds"]
-    for col, _ in FINAL:
-        head += [names[col], f"diff {names[col]}"]
-    head += ["wall-clock s/run", "steps/run", "episodes/run"]
-    lines = [f"Final held-out values: mean over seeds [95% t-interval]. diff: minus `{baseline}`, paired by seed, "
-             "mean [95% bootstrap CI] (n pairs).", "", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
-    for r in table.to_dict("records"):
-        cells = [f"`{r['variant']}`", str(r["seeds"])]
-        for col, _ in FINAL:
-            cells.append(num(r[f"{col}_mean"]) + ci(r[f"{col}_lo"], r[f"{col}_hi"]))
-            cells.append("(baseline)" if r["variant"] == baseline else
-                         num(r[f"{col}_diff"], True) + ci(r[f"{col}_diff_lo"], r[f"{col}_diff_hi"], True)
-                         + f" ({r[f'{col}_pairs']})")
-        cells += [f"{r['wall_s_mean']:.0f}" if not math.isnan(r["wall_s_mean"]) else "-",
-                  f"{r['steps_mean']:g}", f"{r['episodes_mean']:g}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| variant | seed | steps | episodes | wall-clock s | accuracy | syntax errors/line | "
-              "exceptions/line | run |", "|---|---|---|---|---|---|---|---|---|"]
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    measures = [m for m in MEASURES if f"{m.col}_mean" in table.columns]
+    records = table.to_dict("records")
+    head = ["measure"] + [f"`{r['variant']}`" + (" (baseline)" if r["variant"] == baseline else "") for r in records]
+    notes = []
+    if any(_kind(m.key) == "transfer/" for m in measures):
+        notes.append("transfer: its last evaluation on the transfer task")
+    if any(m.how == "train_mean" for m in measures):
+        notes.append("training mean: over its training steps")
+    source = "Each run's last held-out evaluation" + (f" ({'; '.join(notes)})" if notes else "")
+    lines = [f"{source}: mean over seeds [95% t-interval]. Δ: minus `{baseline}`, paired by seed, mean [95% "
+             "bootstrap CI] (n pairs).", "", row(head), "|" + "---|" * len(head)]
+    for m in measures:
+        cells = [m.label]
+        for r in records:
+            cell = num(r[f"{m.col}_mean"]) + ci(r[f"{m.col}_lo"], r[f"{m.col}_hi"])
+            if r["variant"] != baseline:
+                cell += (f"<br>Δ {num(r[f'{m.col}_diff'], True)}"
+                         f"{ci(r[f'{m.col}_diff_lo'], r[f'{m.col}_diff_hi'], True)} ({r[f'{m.col}_pairs']})")
+            cells.append(cell)
+        lines.append(row(cells))
+    lines.append(row(["seeds"] + [str(r["seeds"]) for r in records]))
+    lines.append(row(["steps/run"] + [f"{r['steps_mean']:g}" for r in records]))
+    lines.append(row(["episodes/run"] + [f"{r['episodes_mean']:g}" for r in records]))
+    lines.append(row(["wall-clock s/run"] + ["-" if math.isnan(r["wall_s_mean"]) else f"{r['wall_s_mean']:.0f}"
+                                             for r in records]))
+    head = ["variant", "seed", "steps", "episodes", "wall-clock s", *(m.label for m in measures), "run"]
+    lines += ["", row(head), "|" + "---|" * len(head)]
     for r in per_run.to_dict("records"):
-        wall = "-" if math.isnan(r["wall_s"]) else f"{r['wall_s']:.0f}"
-        lines.append(f"| `{r['variant']}` | {r['seed']} | {r['steps']} | {r['episodes']} | {wall} | "
-                     f"{num(r['accuracy'])} | {num(r['syntax_error_rate'])} | {num(r['exception_rate'])} | "
-                     f"{r['run_dir']} |")
+        mark = "*" if r["wall_s_source"] == "logged" else ""
+        wall = "-" if math.isnan(r["wall_s"]) else f"{r['wall_s']:.0f}{mark}"
+        lines.append(row([f"`{r['variant']}`", str(r["seed"]), str(r["steps"]), str(r["episodes"]), wall,
+                          *(num(r[m.col]) for m in measures), str(r["run_dir"])]))
+    if (per_run.wall_s_source == "logged").any():
+        lines += ["", "\\* no sweep.json: the sum of the run's logged step and evaluation times (start-up, model "
+                  "loading and checkpoints not included)."]
     return "\n".join(lines) + "\n"
 
 
@@ -321,11 +412,14 @@ def compare(paths: str | Path | Sequence[str | Path], out: str | Path | None = N
     """(figure, table) for the runs under ``paths`` (sweep, variant or run directories); with ``out``, also writes
     ``compare.png``, ``summary.md`` (both tables), ``variants.csv`` and ``runs.csv`` there.
 
-    The table has one row per variant: ``seeds``; for accuracy, syntax_error_rate and exception_rate (each run's
-    last held-out evaluation) ``<m>_mean``, ``<m>_lo``, ``<m>_hi`` (95% t-interval over seeds) and ``<m>_diff``,
-    ``<m>_diff_lo``, ``<m>_diff_hi``, ``<m>_pairs`` (minus the baseline, paired by seed, 95% bootstrap CI); and
-    ``wall_s_mean``, ``steps_mean``, ``episodes_mean``. ``pd.DataFrame(table.attrs["runs"])`` has one row per run
-    (variant, seed, steps, episodes, wall_s, the final held-out values, run_dir) and ``table.attrs["baseline"]``
+    The table has one row per variant: ``seeds``; for each measure of MEASURES that some run has (accuracy,
+    syntax_error_rate and exception_rate always; accuracy_level1..3, transfer_accuracy, lines_per_episode,
+    correct_block_frac from the last evaluation; correct_negative_frac, the mean over training steps)
+    ``<m>_mean``, ``<m>_lo``, ``<m>_hi`` (95% t-interval over seeds) and ``<m>_diff``, ``<m>_diff_lo``,
+    ``<m>_diff_hi``, ``<m>_pairs`` (minus the baseline, paired by seed, 95% bootstrap CI); and ``wall_s_mean``,
+    ``steps_mean``, ``episodes_mean``. ``pd.DataFrame(table.attrs["runs"])`` has one row per run (variant, seed,
+    steps, episodes, wall_s and wall_s_source: "sweep" for the sweep's record of the process, "logged" for the sum
+    of the logged step_s, eval/wall_s and transfer/wall_s; the measures; run_dir) and ``table.attrs["baseline"]``
     names the baseline (default: the first variant)."""
     variants = discover(paths)
     baseline = baseline or next(iter(variants))

@@ -6,6 +6,7 @@ from these classes (see ``replrl.configlib``). Each class validates itself once,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +229,16 @@ class RunConfig:
     eval_before: bool = True
     """Evaluate the untrained model before the first step (with eval_n > 0), so the run ends with a before -> after
     summary. The last evaluation always runs at the end of the run."""
+    eval_task: dict[str, Any] = field(default_factory=dict)
+    """Fields of [task] to change for the held-out evaluation, e.g. {level = 0}: train on programs level 1, evaluate
+    on every level. Where the problems have levels, accuracy per level is logged too (eval/accuracy_level<k>).
+    Empty: the training task."""
+    transfer_task: dict[str, Any] = field(default_factory=dict)
+    """A second held-out task, evaluated whenever the first is, with the same sampling and rollout limits, logged
+    as transfer/<metric>: its [task] fields, e.g. {name = "gsm8k"} (the hub dataset) or {name = "gsm8k", data =
+    "path/to/gsm8k"}. Empty: none."""
+    transfer_n: int = 100
+    """Problems of the transfer task per evaluation: the first transfer_n of its eval split, one episode each."""
     save_every: int = 5
     """Checkpoint every N steps (and always at the end and on Ctrl-C)."""
     keep_checkpoints: int = 2
@@ -241,9 +252,21 @@ class RunConfig:
         check_positive("run", self, "max_steps", "keep_checkpoints")
         if self.time_budget_min < 0:
             raise ConfigError("run.time_budget_min must be >= 0")
-        for name in ("eval_every", "eval_n", "save_every", "log_samples_every"):
+        for name in ("eval_every", "eval_n", "transfer_n", "save_every", "log_samples_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"run.{name} must be >= 0")
+        for name in ("eval_task", "transfer_task"):
+            table = getattr(self, name)
+            unknown = sorted(set(table) - {f.name for f in dataclasses.fields(TaskConfig)})
+            if unknown:
+                raise ConfigError(f"run.{name}: {unknown[0]!r} is not a [task] field "
+                                  f"(fields: {', '.join(f.name for f in dataclasses.fields(TaskConfig))})")
+            try:
+                TaskConfig(**table)
+            except TypeError as e:
+                raise ConfigError(f"run.{name}: {e}") from None
+        if self.transfer_task and not self.transfer_task.get("name"):
+            raise ConfigError('run.transfer_task needs a task name, e.g. {name = "gsm8k"}')
 
 
 @dataclass

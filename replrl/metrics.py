@@ -57,10 +57,12 @@ class MetricsWriter:
                 if isinstance(v, (int, float)):
                     self._tb.add_scalar(k, v, step)
 
-    def samples(self, step: int, trajs: Sequence[Trajectory]) -> None:
-        with open(self.run_dir / "samples.jsonl", "a") as f:
+    def samples(self, step: int, trajs: Sequence[Trajectory], file: str = "samples.jsonl",
+                extra: dict[str, Any] | None = None) -> None:
+        """Append episodes (one JSON object each, with the step and ``extra``) to ``file`` in the run directory."""
+        with open(self.run_dir / file, "a") as f:
             for t in trajs:
-                f.write(json.dumps({"step": step, **t.to_dict()}) + "\n")
+                f.write(json.dumps({"step": step, **(extra or {}), **t.to_dict()}) + "\n")
 
     def close(self) -> None:
         self._file.close()

@@ -232,6 +232,13 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
     return trajs, stats
 
 
+def used_block(traj: Trajectory) -> bool:
+    """Whether the episode wrote a statement over several lines: code after a ``...`` prompt (a loop's or a
+    function's body on its own line, a bracket continued). A one-line ``for x in xs: s += x`` and the blank line
+    that closes it do not count."""
+    return any(ln.prompt.startswith("...") and ln.code.strip() for ln in traj.lines)
+
+
 def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) -> dict[str, float]:
     """Per-line and per-episode statistics of a set of episodes (the numbers `replrl rollout` and training log)."""
     n = max(len(trajs), 1)
@@ -252,6 +259,10 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
         "model_tokens_per_episode": sum(sum(t.loss_mask) for t in trajs) / n,
         "env_tokens_per_episode": sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs) / n,
     }
+    correct = [t for t in trajs if t.correct]
+    out["block_rate"] = sum(map(used_block, trajs)) / n
+    if correct:  # absent when nothing was right: a fraction of nothing is not 0
+        out["correct_block_frac"] = sum(map(used_block, correct)) / len(correct)
     rewards = [t.reward for t in trajs]
     mean = out["reward_mean"]
     out["reward_std"] = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5

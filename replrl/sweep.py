@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,9 +96,11 @@ def load_spec(spec: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], Pat
     return load_file(path), path.parent, str(path)
 
 
-def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | None = None) -> list[Run]:
+def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | None = None,
+         sets: Mapping[str, Any] | None = None) -> list[Run]:
     """Every run of the spec, seed by seed (all variants of the first seed first), each config built and validated;
-    ``steps`` overrides the spec's budget (and any run.max_steps a variant sets)."""
+    ``steps`` overrides the spec's budget (and any run.max_steps a variant sets); ``sets`` ({"section.field":
+    value}, ``--set``) overrides every run's value, over [base] and the variants."""
     raw, root, where = load_spec(spec)
 
     def fail(message: str) -> ConfigError:
@@ -141,6 +144,7 @@ def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | Non
     if not isinstance(base, dict):
         raise fail("[base] must be a table of overrides")
     base_overrides = _overrides(base, "[base]", fail)
+    set_overrides = _overrides(dict(sets or {}), "--set", fail)
 
     runs = []
     for seed in seeds:
@@ -151,7 +155,8 @@ def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | Non
                 values["run"]["max_steps"] = raw["steps"]
             mine = f"variant {name!r}"
             explicit = set()
-            for label, overrides in (("[base]", base_overrides), (mine, _overrides(table, mine, fail))):
+            for label, overrides in (("[base]", base_overrides), (mine, _overrides(table, mine, fail)),
+                                     ("--set", set_overrides)):
                 for (sec, field, entry), value in overrides.items():
                     if (sec, field) in SEED_FIELDS:
                         raise fail(f"{label} sets {sec}.{field}: the spec's seeds set it")
@@ -293,23 +298,26 @@ def check_saved_config(run: Run) -> None:
 
 # -- running ------------------------------------------------------------------------------------------------------
 def sweep(spec: str | Path | Mapping[str, Any], out: str | Path, parallel: int = 1, *, steps: int | None = None,
-          progress: bool | Callable[[str], Any] = True) -> list[Path]:
+          progress: bool | Callable[[str], Any] = True, prune: bool = False,
+          sets: Mapping[str, Any] | None = None) -> list[Path]:
     """Run every variant x seed of ``spec`` (a TOML path, or a dict of the same shape whose relative paths start at
     the working directory) in ``out/<variant>/seed<k>``, each as its own
     ``replrl train`` process, ``parallel`` at a time; return the run directories in spec order (seed by seed).
 
     Finished runs are skipped and interrupted ones resumed, so calling it again continues a sweep. ``steps``
-    overrides the spec's budget (raise it to continue every run further). ``progress``: one line per run, to
+    overrides the spec's budget (raise it to continue every run further); ``sets`` ({"section.field": value})
+    overrides every run's value (e.g. a local copy of a dataset). ``progress``: one line per run, to
     stderr (True), to a function of one string, or nowhere (False). Runs that fail leave the others running; at
-    the end a SweepError names them (each run's ``train.log`` holds its output)."""
+    the end a SweepError names them (each run's ``train.log`` holds its output). ``prune``: delete a run's
+    checkpoints once it is done (metrics, samples and logs stay; a pruned run cannot be continued further)."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1; got {parallel}")
-    runs = plan(spec, out, steps)
+    runs = plan(spec, out, steps, sets)
     for run in runs:
         check_saved_config(run)
     say = _reporter(progress)
     write_plan(spec, out, runs)
-    return _Sweeper(runs, parallel, say).run()
+    return _Sweeper(runs, parallel, say, prune).run()
 
 
 def write_plan(spec: str | Path | Mapping[str, Any], out: str | Path, runs: list[Run]) -> Path:
@@ -326,10 +334,10 @@ def write_plan(spec: str | Path | Mapping[str, Any], out: str | Path, runs: list
     return path
 
 
-def print_commands(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | None = None) \
-        -> tuple[list[str], list[Run]]:
+def print_commands(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | None = None,
+                   sets: Mapping[str, Any] | None = None) -> tuple[list[str], list[Run]]:
     """(one shell-quoted ``replrl train ...`` line per run that still needs training, the runs already done)."""
-    runs = plan(spec, out, steps)
+    runs = plan(spec, out, steps, sets)
     for run in runs:
         check_saved_config(run)
     write_plan(spec, out, runs)
@@ -355,8 +363,8 @@ class _Sweeper:
     """Runs the runs, ``parallel`` processes at a time; Ctrl-C (or a notebook's interrupt) is forwarded once to
     every running trainer, which finishes its step and saves a checkpoint before the sweep stops."""
 
-    def __init__(self, runs: list[Run], parallel: int, say: Callable[[str], Any]):
-        self.runs, self.parallel, self.say = runs, parallel, say
+    def __init__(self, runs: list[Run], parallel: int, say: Callable[[str], Any], prune: bool = False):
+        self.runs, self.parallel, self.say, self.prune = runs, parallel, say, prune
         self.lock = threading.Lock()
         self.running: set[subprocess.Popen] = set()
         self.finished = 0
@@ -428,6 +436,8 @@ class _Sweeper:
                 self.running.discard(proc)
         record = _record_attempt(run, what, code, wall, self.interrupted)
         resumed = f"resumed {why}, " if what == "resume" else ""
+        if self.prune and record["status"] == "done":
+            shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True)
         if record["status"] == "failed":
             self.failed.append(run.name)
             self._report(run, f"FAILED (exit {code}) {wall:.0f} s: {_last_line(log_path, start_at)}")

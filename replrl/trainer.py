@@ -34,16 +34,16 @@ from sandbox.limits import hides_host_files
 
 from . import checkpoint
 from .advantages import batch_tensors, compute_advantages, correct_negative
-from .backends import Generator, load_generator
+from .backends import load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_toml
+from .evaluation import eval_config, evaluate, split_rows, task_from_config
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
 from .metrics import MetricsWriter
 from .policy import load_policy
 from .rewards import RewardModel
 from .rollout import EpisodeRules, rollout, summarize
-from .tasks import load_task
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class NullMetrics:
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         pass
 
-    def samples(self, step: int, trajectories: list[Trajectory]) -> None:
+    def samples(self, step: int, trajectories: list[Trajectory], **kwargs: Any) -> None:
         pass
 
     def close(self) -> None:
@@ -93,24 +93,6 @@ class ProblemStream:
         return out
 
 
-def task_from_config(cfg: Config):
-    options = dict(cfg.task.options)
-    if cfg.task.name in ("arithmetic", "programs"):  # generated tasks: the level and seed come from the config
-        options.setdefault("level", cfg.task.level)
-        options.setdefault("seed", cfg.task.seed)
-    if cfg.task.data:
-        options.setdefault("data", cfg.task.data)
-    return load_task(cfg.task.name, **options)
-
-
-def split_rows(task: Any, split: str, limit: int = 0) -> Any:
-    """The rows of a split, the first ``limit`` only when limit > 0 (lists and datasets.Dataset alike)."""
-    rows = task.rows(split)
-    if limit and len(rows) > limit:
-        rows = rows.select(range(limit)) if hasattr(rows, "select") else rows[:limit]
-    return rows
-
-
 class Trainer:
     """``Trainer(cfg, run_dir).train()``; ``resume=True`` continues the run in ``run_dir`` at its next step."""
 
@@ -138,6 +120,21 @@ class Trainer:
                         "(and its answers); install bubblewrap for the allowlisted view", self.isolation,
                         self.task.data)
         self.train_rows = split_rows(self.task, cfg.task.train_split, cfg.task.limit)
+        # held-out tasks, loaded now so that a bad one fails before any training: (label, config, task, n)
+        self.held_out = [("eval", cfg, self.task, cfg.run.eval_n)]
+        if cfg.run.eval_task:
+            eval_cfg = eval_config(cfg, cfg.run.eval_task)
+            self.held_out[0] = ("eval", eval_cfg, task_from_config(eval_cfg), cfg.run.eval_n)
+        if cfg.run.transfer_task and cfg.run.transfer_n:
+            transfer_cfg = eval_config(cfg, cfg.run.transfer_task, fresh=True)
+            self.held_out.append(("transfer", transfer_cfg, task_from_config(transfer_cfg), cfg.run.transfer_n))
+        for label, _, task, _ in self.held_out:
+            if tuple(task.tools) != tuple(self.task.tools):
+                raise ConfigError(f"the {label} task {task.name!r} injects other tools ({', '.join(task.tools)}) "
+                                  f"than the training task ({', '.join(self.task.tools)})")
+            if task is not self.task and getattr(task, "data", None) and not hides_host_files(self.isolation):
+                log.warning("sandbox isolation %r has no filesystem view: the model's code can read the %s "
+                            "dataset %s", self.isolation, label, task.data)
         model, self.tokenizer = load_policy(cfg.model, seed=cfg.run.seed,
                                             checkpoint=checkpoint.latest(self.run_dir) if resume else None)
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef > 0 else None
@@ -229,8 +226,7 @@ class Trainer:
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
             if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
-                self.evals["before"] = self.evaluate(pool, desc="eval before training")
-                self.metrics.write(0, {f"eval/{k}": v for k, v in self.evals["before"].items()})
+                self.evals["before"] = self.evaluate_all(pool, "before")
             while self.step < cfg.run.max_steps and not self._stop:
                 result = self.train_step(pool)
                 bar.update(1)
@@ -241,8 +237,7 @@ class Trainer:
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
                 if self.main and cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-                    self.evals["after"] = self.evaluate(pool)
-                    self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
+                    self.evals["after"] = self.evaluate_all(pool)
                 if on_step is not None:
                     on_step(result)
                 # every rank stops after the same step, and for the same reason (Ctrl-C skips the last evaluation)
@@ -257,8 +252,7 @@ class Trainer:
                 self.save()
             evaluated_now = cfg.run.eval_every and self.step % cfg.run.eval_every == 0
             if self.main and cfg.run.eval_n and self.step and not self._stop and not evaluated_now:
-                self.evals["after"] = self.evaluate(pool, desc="eval after training")
-                self.metrics.write(self.step, {f"eval/{k}": v for k, v in self.evals["after"].items()})
+                self.evals["after"] = self.evaluate_all(pool, "after")
         finally:
             bar.close()
             run_sync(pool.close())
@@ -289,15 +283,24 @@ class Trainer:
         """The run in a few lines: held-out accuracy and per-line syntax-error rate before -> after, where it is."""
         before, after = self.evals.get("before"), self.evals.get("after")
         lines = [f"trained {self.step} steps; run directory: {self.run_dir}"]
+        def pct(d: dict | None, k: str) -> str:
+            return "  -" if d is None or k not in d else f"{100 * d[k]:3.0f}%"
+
         if after:
             n = int(after.get("episodes", self.cfg.run.eval_n))
-            def pct(d: dict | None, k: str) -> str:
-                return "  -" if d is None else f"{100 * d[k]:3.0f}%"
             lines += [f"held-out ({n} problems of {self.cfg.task.name} {self.cfg.task.eval_split}):  before -> after",
                       f"  accuracy                  {pct(before, 'accuracy')} -> {pct(after, 'accuracy')}",
                       f"  submitted an answer       {pct(before, 'submit_rate')} -> {pct(after, 'submit_rate')}",
                       f"  syntax errors per line    {pct(before, 'syntax_error_rate')} -> "
                       f"{pct(after, 'syntax_error_rate')}"]
+            for level in sorted(k for k in after if k.startswith("accuracy_level")):
+                lines.append(f"  {level.replace('_', ' '):<26}{pct(before, level)} -> {pct(after, level)}")
+        transfer_after = self.evals.get("transfer_after")
+        if transfer_after:
+            _, tcfg, ttask, _ = self.held_out[-1]
+            before = self.evals.get("transfer_before")
+            lines += [f"transfer ({int(transfer_after['episodes'])} problems of {ttask.name} {tcfg.task.eval_split}):",
+                      f"  accuracy                  {pct(before, 'accuracy')} -> {pct(transfer_after, 'accuracy')}"]
         if self.curves is not None:
             lines.append(f"learning curves: {self.curves}")
         return "\n".join(lines)
@@ -441,14 +444,31 @@ class Trainer:
         return out
 
     # -- evaluation and checkpoints --------------------------------------------------------------------------
-    def evaluate(self, pool: KernelPool, n: int | None = None, desc: str = "eval") -> dict[str, float]:
-        """Accuracy and per-line statistics on the held-out split (same sampling code as training)."""
+    def evaluate(self, pool: KernelPool, n: int | None = None, desc: str = "eval", which: str = "eval",
+                 episodes: list[Trajectory] | None = None) -> dict[str, float]:
+        """Accuracy and per-line statistics on a held-out task (same sampling code as training): ``which`` is
+        "eval" (the eval split of the training task, or of run.eval_task) or "transfer" (run.transfer_task)."""
         from tqdm.auto import tqdm
 
-        n = n or self.cfg.run.eval_n
+        _, cfg, task, default_n = next(h for h in self.held_out if h[0] == which)
+        n = n or default_n
         with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
-            return evaluate(self.generator, pool, self.task, self.cfg, n, progress=bar,
-                            rewards=self.rewards.at(self.step))
+            return evaluate(self.generator, pool, task, cfg, n, progress=bar, rewards=self.rewards.at(self.step),
+                            episodes=episodes)
+
+    def evaluate_all(self, pool: KernelPool, when: str = "") -> dict[str, float]:
+        """Every held-out task (eval, then transfer if set): figures logged as eval/<m> and transfer/<m> at this
+        step, episodes appended to eval_samples.jsonl; returns the eval figures."""
+        figures: dict[str, dict[str, float]] = {}
+        for label, _, task, _ in self.held_out:
+            episodes: list[Trajectory] = []
+            desc = f"{label} ({task.name}){' ' + when + ' training' if when else ''}"
+            figures[label] = self.evaluate(pool, desc=desc, which=label, episodes=episodes)
+            self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
+            self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
+        if "transfer" in figures:
+            self.evals["transfer_" + (when or "after")] = figures["transfer"]
+        return figures["eval"]
 
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""
@@ -465,23 +485,3 @@ class Trainer:
         if self._any_rank(error is not None):  # also the barrier: no rank runs ahead of the save
             raise error or OSError("the main process could not write the checkpoint")
         return path
-
-
-def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,
-             samples_per_problem: int = 1, progress: Any = None,
-             rewards: RewardModel | None = None) -> dict[str, float]:
-    """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...).
-    ``rewards``: the reward model to score with (the trainer's at its current step); default cfg's at step 0."""
-    rewards = rewards or RewardModel.from_config(cfg.rewards)
-    rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
-    chosen = [(i, rows[i]) for i in range(min(n, len(rows)))]
-    sampling = cfg.rollout.sampling(seed=cfg.run.seed + 7)
-    rules = EpisodeRules.from_config(cfg.rollout)
-    trajs: list[Trajectory] = []
-    chunk = max(1, pool.size // samples_per_problem)
-    for start in range(0, len(chosen), chunk):
-        part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + chunk], rewards, sampling, rules,
-                                   group_size=samples_per_problem, chat_template=cfg.model.chat_template,
-                                   progress=progress))
-        trajs += part
-    return summarize(trajs)

@@ -122,8 +122,111 @@ def test_table_numbers_by_hand(synthetic: Path, tmp_path: Path) -> None:
     assert pd.read_csv(out / "variants.csv").accuracy_diff.iloc[0] == pytest.approx(1 / 6)
     assert len(pd.read_csv(out / "runs.csv")) == 6
     md = (out / "summary.md").read_text()
-    assert "| `shaped` | 3 | 0.667 [0.150, 1.184] | +0.167 [+0.000, +0.300] (3) |" in md
+    assert "| measure | `shaped` | `base` (baseline) |" in md
+    assert ("| held-out accuracy | 0.667 [0.150, 1.184]<br>Δ +0.167 [+0.000, +0.300] (3) | "
+            "0.500 [-0.396, 1.396] |") in md
+    assert "| seeds | 3 | 3 |" in md and "| wall-clock s/run | - | 11 |" in md
+    # only what these runs logged: no levels, no transfer, no training means, no eval/lines_per_episode
+    assert [c for c in table.columns if c.endswith("_pairs")] == ["accuracy_pairs", "syntax_error_rate_pairs",
+                                                                 "exception_rate_pairs"]
+    assert "level 1" not in md and "transfer" not in md and "lines/episode" not in md
     assert (out / "compare.png").stat().st_size > 10_000
+
+
+def write_rich_run(path: Path, *, neg: tuple[float | None, ...], step_s: tuple[float, ...],
+                   levels: tuple[float | None, ...], transfer: float, sweep_wall_s: float | None = None) -> Path:
+    """A run with the newer keys: an evaluation at step 0 (with a level-3 accuracy the last one may lack), training
+    steps 1-3 (8 episodes, ``step_s``, ``adv/correct_negative_frac`` where ``neg`` has a value), and a last
+    evaluation at step 3 with per-level accuracies, then a transfer evaluation, each with its time."""
+    path.mkdir(parents=True)
+    rows: list[dict] = [{"step": 0, "eval/accuracy": 0.1, "eval/accuracy_level3": 0.05, "eval/wall_s": 5.0}]
+    for step in range(1, 4):
+        row = {"step": step, "episodes": 8, "accuracy": 0.5, "step_s": step_s[step - 1]}
+        if neg[step - 1] is not None:
+            row["adv/correct_negative_frac"] = neg[step - 1]
+        rows.append(row)
+    final = {"step": 3, "eval/accuracy": 0.5, "eval/syntax_error_rate": 0.1, "eval/exception_rate": 0.2,
+             "eval/wall_s": 7.0}
+    final.update({f"eval/accuracy_level{i}": v for i, v in enumerate(levels, 1) if v is not None})
+    # the trainer writes the transfer evaluation as a row of its own at the same step
+    rows += [final, {"step": 3, "transfer/accuracy": transfer, "transfer/syntax_error_rate": 0.0,
+                     "transfer/wall_s": 2.0}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if sweep_wall_s is not None:
+        (path / "sweep.json").write_text(json.dumps({"status": "done", "wall_s": sweep_wall_s}))
+    return path
+
+
+@pytest.fixture
+def rich(tmp_path: Path) -> Path:
+    sweep = tmp_path / "rich"
+    write_rich_run(sweep / "base" / "seed0", neg=(0.5, None, 0.3), step_s=(10, 20, 30), levels=(0.8, 0.5, 0.2),
+                   transfer=0.2)
+    write_rich_run(sweep / "base" / "seed1", neg=(0.0, 0.2, 0.4), step_s=(11, 12, 13), levels=(0.9, 0.4, 0.1),
+                   transfer=0.4)
+    write_rich_run(sweep / "blocks" / "seed0", neg=(0.1, 0.1, 0.1), step_s=(1, 2, 3), levels=(1.0, 0.6, 0.3),
+                   transfer=0.3)
+    write_rich_run(sweep / "blocks" / "seed1", neg=(None, 0.3, None), step_s=(1, 2, 3), levels=(0.7, 0.5, None),
+                   transfer=0.3, sweep_wall_s=100.0)
+    return sweep
+
+
+def test_measures_by_hand(rich: Path, tmp_path: Path) -> None:
+    _, table = compare(rich, out=tmp_path / "out")
+    rows, runs = table.set_index("variant"), pd.DataFrame(table.attrs["runs"]).set_index(["variant", "seed"])
+    base, blocks = rows.loc["base"], rows.loc["blocks"]
+    # correct_negative_frac: the mean over the training steps that logged it
+    # base: (0.5 + 0.3) / 2 = 0.4, (0.0 + 0.2 + 0.4) / 3 = 0.2; blocks: 0.1, 0.3 (its one logged step)
+    assert list(runs.correct_negative_frac) == pytest.approx([0.4, 0.2, 0.1, 0.3])
+    # base 0.4, 0.2 -> mean 0.3, half width 12.706205 * (0.2 / sqrt 2) / sqrt 2 = 1.270621; blocks 0.2 likewise
+    assert (base.correct_negative_frac_mean, base.correct_negative_frac_lo) == pytest.approx((0.3, 0.3 - 1.270621))
+    # paired: 0.1 - 0.4 = -0.3, 0.3 - 0.2 = 0.1 -> -0.1, exact bootstrap of two values [-0.3, 0.1]
+    assert blocks.correct_negative_frac_diff == pytest.approx(-0.1) and blocks.correct_negative_frac_pairs == 2
+    assert (blocks.correct_negative_frac_diff_lo, blocks.correct_negative_frac_diff_hi) == pytest.approx((-0.3, 0.1))
+    # levels from the last evaluation; blocks/seed1's lacks level 3, so it has none (not step 0's 0.05)
+    assert list(runs.accuracy_level1) == pytest.approx([0.8, 0.9, 1.0, 0.7])
+    assert list(runs.accuracy_level2) == pytest.approx([0.5, 0.4, 0.6, 0.5])
+    assert runs.loc[("blocks", 0), "accuracy_level3"] == pytest.approx(0.3)
+    assert math.isnan(runs.loc[("blocks", 1), "accuracy_level3"])
+    assert blocks.accuracy_level3_mean == pytest.approx(0.3) and math.isnan(blocks.accuracy_level3_lo)
+    assert blocks.accuracy_level3_pairs == 1 and blocks.accuracy_level3_diff == pytest.approx(0.3 - 0.2)
+    assert base.accuracy_level1_mean == pytest.approx(0.85) and blocks.accuracy_level1_diff == pytest.approx(0.0)
+    assert list(runs.transfer_accuracy) == pytest.approx([0.2, 0.4, 0.3, 0.3])
+    # measures no run logged are left out of the tables and the files
+    out = tmp_path / "out"
+    for absent in ("lines_per_episode", "correct_block_frac"):
+        assert absent not in runs.columns and f"{absent}_mean" not in table.columns
+        assert absent not in pd.read_csv(out / "runs.csv").columns
+        assert f"{absent}_mean" not in pd.read_csv(out / "variants.csv").columns
+    # wall-clock: the sweep's record where there is one, else step_s + eval/wall_s + transfer/wall_s
+    # base/seed0: 10 + 20 + 30 + 5 + 7 + 2 = 74; base/seed1: 36 + 14 = 50; blocks/seed0: 6 + 14 = 20
+    assert list(runs.wall_s) == pytest.approx([74.0, 50.0, 20.0, 100.0])
+    assert list(runs.wall_s_source) == ["logged", "logged", "logged", "sweep"]
+    assert base.wall_s_mean == pytest.approx(62.0) and blocks.wall_s_mean == pytest.approx(60.0)
+    # the markdown: one row per present measure, in MEASURES' order, then the run counts; a column per variant
+    md = (out / "summary.md").read_text()
+    variants_table = md.split("\n\n")[1].splitlines()
+    assert variants_table[0] == "| measure | `base` (baseline) | `blocks` |"
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in variants_table[2:]]
+    assert labels == ["held-out accuracy", "held-out accuracy, level 1", "held-out accuracy, level 2",
+                      "held-out accuracy, level 3", "transfer accuracy", "syntax errors/line", "exceptions/line",
+                      "correct episodes with advantage < 0 (training mean)", "seeds", "steps/run", "episodes/run",
+                      "wall-clock s/run"]
+    assert variants_table[1] == "|---|---|---|" and all(line.count(" | ") == 2 for line in variants_table[2:])
+    assert ("| correct episodes with advantage < 0 (training mean) | 0.300 [-0.971, 1.571] | "
+            "0.200 [-1.071, 1.471]<br>Δ -0.100 [-0.300, +0.100] (2) |") in variants_table
+    # one value: no t-interval; one pair: the bootstrap's only resample
+    assert ("| held-out accuracy, level 3 | 0.150 [-0.485, 0.785] | 0.300<br>Δ +0.100 [+0.100, +0.100] (1) |"
+            in variants_table)
+    assert "| wall-clock s/run | 62 | 60 |" in variants_table and "| steps/run | 3 | 3 |" in variants_table
+    assert "training mean: over its training steps" in md.splitlines()[0]
+    # the runs table: a column per measure; a logged wall-clock is marked and explained
+    runs_table = md.split("\n\n")[2].splitlines()
+    assert runs_table[0].startswith("| variant | seed | steps | episodes | wall-clock s | held-out accuracy |")
+    assert len(runs_table) == 6
+    assert runs_table[2].startswith("| `base` | 0 | 3 | 24 | 74* | 0.500 | 0.800 | 0.500 | 0.200 | 0.200 | 0.100 | "
+                                    "0.200 | 0.400 | ")
+    assert "| 100 |" in runs_table[5] and md.rstrip().splitlines()[-1].startswith("\\* no sweep.json")
 
 
 def test_absent_values_are_gaps_not_bridged(synthetic: Path) -> None:

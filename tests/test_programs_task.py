@@ -19,6 +19,7 @@ import pytest
 
 from replrl.repl import ReplSession
 from replrl.tasks import PROGRAMS_HEADER, ProgramsTask, Task, TaskError, load_task
+from replrl.tasks.programs import split_of
 from replrl.tasks.programs_families import FAMILIES
 from sandbox import run_sync
 
@@ -323,6 +324,19 @@ def test_splits_are_seeded_balanced_and_disjoint() -> None:
     for rows in (train, test):  # every (family, level) in turn: shares differ by at most one
         counts = Counter((r["family"], r["level"]) for r in rows)
         assert len(counts) == 3 * len(FAMILIES) and max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_no_test_problem_is_a_train_problem_of_any_other_configuration() -> None:
+    """Train on level 1, evaluate on every level (run.eval_task): the two tasks draw from different streams, so the
+    split must be a property of the problem, not of the task's options (2 of the first 102 mixed test problems were
+    level-1 train problems before)."""
+    key = lambda r: (r["family"], r["level"], r["params"])  # noqa: E731
+    tests = {key(r) for cfg in ({"level": 0}, {"level": 1}, {"level": [2, 3]}, {"families": ["primes", "collatz"]})
+             for r in ProgramsTask(**cfg).rows("test")}
+    for cfg in ({"level": 0}, {"level": 1}, {"level": 2}, {"level": 3}, {"level": [1, 2]},
+                {"level": 1, "families": ["nth_prime", "coprime_pairs"], "n_train": 600}):
+        assert not {key(r) for r in ProgramsTask(**cfg).rows("train")} & tests, cfg
+    assert {split_of(0, r) for r in ProgramsTask().rows("test")} == {"test"}
 
 
 def test_level_and_family_options() -> None:

@@ -238,3 +238,28 @@ def test_real_pretrained_model_on_gsm8k(pool):
                 assert gen.tokenizer.decode(t.token_ids[slice(*line.token_span)]) == line_text(line.code)
                 if line is not t.lines[-1]:  # the episode's last line ends it: its output is not spliced
                     assert line.output in t.text or (TRUNCATED_MARKER in t.text and line.output[:12] in t.text)
+
+
+def test_block_use_counts_code_after_a_continuation_prompt_only():
+    """block_rate: episodes that wrote a statement over several lines; correct_block_frac: the same among correct
+    episodes (absent when none is correct). A one-line `for` and the blank line closing it are not a block."""
+    from replrl.evaluation import level_accuracy
+    from replrl.rollout import used_block
+    from replrl.types import Line
+
+    def episode(lines: list[tuple[str, str]], correct: bool, row: int = 0) -> Trajectory:
+        return Trajectory(token_ids=[], loss_mask=[], logprobs=[], prompt_len=0, text="", correct=correct, row=row,
+                          lines=[Line(code=c, prompt=p) for p, c in lines])
+
+    loop = episode([(">>> ", "t = 0"), (">>> ", "for i in range(5):"), ("... ", "    t += i"), ("... ", ""),
+                    (">>> ", "submit(t)")], correct=True, row=0)
+    one_line = episode([(">>> ", "for i in range(5): t += i"), ("... ", ""), (">>> ", "submit(t)")], correct=True,
+                       row=1)
+    wrong_loop = episode([(">>> ", "def f(x):"), ("... ", "    return x"), ("... ", "")], correct=False, row=2)
+    assert [used_block(t) for t in (loop, one_line, wrong_loop)] == [True, False, True]
+    out = summarize([loop, one_line, wrong_loop])
+    assert out["block_rate"] == pytest.approx(2 / 3) and out["correct_block_frac"] == pytest.approx(1 / 2)
+    assert "correct_block_frac" not in summarize([wrong_loop])
+    rows = {0: {"level": 1}, 1: {"level": 2}, 2: {"level": 2}}
+    assert level_accuracy([loop, one_line, wrong_loop], rows) == {"accuracy_level1": 1.0, "accuracy_level2": 0.5}
+    assert level_accuracy([loop], {0: {"question": "no level"}}) == {}

@@ -201,3 +201,35 @@ def test_bad_spec_exits_1_from_the_command_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "replrl", "sweep", str(SPEC), "--out", str(tmp_path / "o"),
                            "--parallel", "0"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "--parallel must be >= 1" in proc.stderr
+
+
+def test_set_overrides_every_run_and_parses_toml_values(tmp_path: Path) -> None:
+    from replrl.cli_sweep import parse_sets
+
+    sets = parse_sets(["run.eval_n=9", "rewards.weights.syntax_error=-1.0", "task.data=some/dir",
+                       'run.transfer_task={name = "gsm8k", data = "data/gsm8k"}'])
+    assert sets == {"run.eval_n": 9, "rewards.weights.syntax_error": -1.0, "task.data": "some/dir",
+                    "run.transfer_task": {"name": "gsm8k", "data": "data/gsm8k"}}
+    runs = plan(SPEC, tmp_path, sets=sets)
+    assert len(runs) == 4
+    for run in runs:  # over the variant's own value too (no_syntax_penalty sets syntax_error = 0)
+        assert run.cfg.run.eval_n == 9 and run.cfg.rewards.weights["syntax_error"] == -1.0
+        assert run.cfg.run.transfer_task == {"name": "gsm8k", "data": "data/gsm8k"}
+        assert run.cfg.rewards.weights["correct"] == Config().rewards.weights["correct"]  # other entries kept
+    with pytest.raises(ConfigError, match="expected section.field=VALUE"):
+        parse_sets(["eval_n=3"])
+    with pytest.raises(ConfigError, match="--set: .*run.evl_n"):
+        plan(SPEC, tmp_path, sets={"run.evl_n": 3})
+
+
+def test_prune_deletes_a_done_runs_checkpoints_and_keeps_its_results(tmp_path: Path) -> None:
+    spec = tmp_path / "one.toml"
+    spec.write_text(f'config = "{SPEC.parent / "smoke.toml"}"\nseeds = [0]\nsteps = 1\n[variants.base]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out), "--prune"]) == 0
+    run = out / "base" / "seed0"
+    assert json.loads((run / "sweep.json").read_text())["status"] == "done"
+    assert not (run / "checkpoints").exists()
+    assert train_steps(run) == [1] and (run / "config.toml").exists()
+    assert main(["sweep", str(spec), "--out", str(out), "--prune"]) == 0  # done: skipped, not started afresh
+    assert json.loads((run / "sweep.json").read_text())["attempts"][0]["action"] == "start"

@@ -239,3 +239,50 @@ def test_a_run_ends_with_a_before_after_summary_and_curves(format_model_dir, tmp
     assert f"{100 * before['accuracy']:3.0f}% -> {100 * after['accuracy']:3.0f}%" in text
     assert "syntax errors per line" in text and str(tmp_path / "run") in text
     assert trainer.curves is not None and trainer.curves.exists() and str(trainer.curves) in text
+
+
+def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, tmp_path):
+    """run.eval_task changes the held-out task (per-level accuracy logged where problems have levels);
+    run.transfer_task adds a second held-out task (here GSM8K, loaded from files through `datasets`), logged as
+    transfer/<m>; every held-out episode is kept in eval_samples.jsonl."""
+    from tests.helpers_models import GSM8K_DIR
+
+    cfg = toy_config(format_model_dir, max_steps=1, eval_n=4, eval_task={"options": {"digits": [3]}},
+                     transfer_task={"name": "gsm8k", "data": str(GSM8K_DIR / "test.jsonl")}, transfer_n=2)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    trainer.train()
+    rows = read_metrics(tmp_path / "run")
+    evals = [r for r in rows if "eval/accuracy" in r]
+    transfers = [r for r in rows if "transfer/accuracy" in r]
+    assert [r["step"] for r in evals] == [r["step"] for r in transfers] == [0, 1]
+    assert [r["eval/episodes"] for r in evals] == [4, 4] and [r["transfer/episodes"] for r in transfers] == [2, 2]
+    # every eval problem asks for 3 (level 2 of the toy task): the level breakdown has exactly that level
+    assert all("eval/accuracy_level2" in r and "eval/accuracy_level1" not in r for r in evals)
+    assert all(r["eval/accuracy_level2"] == r["eval/accuracy"] for r in evals)
+    assert all(r["eval/wall_s"] > 0 for r in evals) and all(r["transfer/wall_s"] > 0 for r in transfers)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "eval_samples.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["eval"]) for s in samples] == [(0, "eval")] * 4 + [(0, "transfer")] * 2 + \
+        [(1, "eval")] * 4 + [(1, "transfer")] * 2
+    assert all("Submit 3." in s["text"] for s in samples if s["eval"] == "eval")
+    assert all("Problem:" in s["text"] and s["task"] == "gsm8k" for s in samples if s["eval"] == "transfer")
+    assert "transfer (2 problems of gsm8k test)" in trainer.summary()
+
+
+@pytest.mark.parametrize("transfer, message", [
+    ({"nme": "gsm8k"}, "run.transfer_task: 'nme' is not a [task] field"),
+    ({"level": 2}, "run.transfer_task needs a task name"),
+])
+def test_a_bad_transfer_task_is_a_config_error(transfer, message):
+    from replrl.configlib import ConfigError
+
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        resolve(Config, None, {"run": {"transfer_task": json.dumps(transfer)}})
+
+
+def test_a_missing_transfer_dataset_fails_before_training(format_model_dir, tmp_path):
+    from replrl.tasks import TaskError
+
+    cfg = toy_config(format_model_dir, transfer_task={"name": "gsm8k", "data": str(tmp_path / "nowhere.jsonl")})
+    with pytest.raises((TaskError, FileNotFoundError, ValueError)):
+        Trainer(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -31,7 +31,8 @@ class EchoTask:
 
     def rows(self, split: str) -> list[dict]:
         rng = random.Random(self.seed + (split == "test"))
-        return [{"question": f"Submit {d}.", "answer": d} for d in (rng.choice(self.digits) for _ in range(self.n))]
+        return [{"question": f"Submit {d}.", "answer": d, "level": 1 + (d > 2)}  # levels, as the programs task has
+                for d in (rng.choice(self.digits) for _ in range(self.n))]
 
     def header(self, row: dict) -> str:
         return row["question"]

@@ -9,6 +9,7 @@ equal it exactly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Sequence
@@ -28,6 +29,8 @@ PROGRAMS_HEADER = (
 nothing about how the REPL runs a block (a blank line closes it): whether shaping teaches that is the experiment."""
 
 LEVELS = (1, 2, 3)
+TEST_SHARE = 8
+"""One problem in 8 (by a hash of the problem) may be a test problem, the others only train problems."""
 MAX_CONSECUTIVE_REPEATS = 2_000
 """Generation gives up when a (family, level) draws this many unusable or already-taken problems in a row."""
 
@@ -48,7 +51,8 @@ def _levels(level: int | str | Sequence[int]) -> tuple[int, ...]:
 @dataclass
 class ProgramsTask:
     """Generated programming problems. Rows: {"question", "answer" (the integer as a string), "family", "level",
-    "params" (the problem's parameters as JSON)}; the same (family, level, params) never appears in both splits."""
+    "params" (the problem's parameters as JSON)}. A problem's split is decided by the problem itself (``split_of``),
+so no test problem is ever a train problem, whatever the level and family options of either task."""
 
     name: ClassVar[str] = "programs"
     tools: ClassVar[tuple[str, ...]] = ("submit",)
@@ -94,31 +98,32 @@ class ProgramsTask:
         if split not in ("train", "test"):
             raise TaskError(f"unknown split {split!r}: use 'train' or 'test'")
         if split not in self._rows:
-            exclude = set() if split == "test" else {_key(row) for row in self.rows("test")}
-            n = self.n_test if split == "test" else self.n_train
-            self._rows[split] = self._generate(split, n, exclude)
+            self._rows[split] = self._generate(split, self.n_test if split == "test" else self.n_train)
         return self._rows[split]
 
-    def _generate(self, split: str, n: int, exclude: set[tuple]) -> list[dict[str, Any]]:
+    def _generate(self, split: str, n: int) -> list[dict[str, Any]]:
         """Every (family, level) in turn, in a fresh random order each round, so each gets an equal share."""
         rng = random.Random(f"replrl-programs-{self.seed}-{split}")  # str seeds are stable across runs
         combos = [(f, lv) for f in self.family_names for lv in self.levels]
-        seen, rows, order = set(exclude), [], []
+        seen: set[tuple] = set()
+        rows: list[dict[str, Any]] = []
+        order: list[tuple[str, int]] = []
         while len(rows) < n:
             if not order:
                 order = rng.sample(combos, len(combos))
             family, level = order.pop()
-            rows.append(self._draw(rng, family, level, seen, n))
+            rows.append(self._draw(rng, split, family, level, seen, n))
         return rows
 
-    def _draw(self, rng: random.Random, family: str, level: int, seen: set[tuple], n: int) -> dict[str, Any]:
+    def _draw(self, rng: random.Random, split: str, family: str, level: int, seen: set[tuple], n: int) \
+            -> dict[str, Any]:
         problem = FAMILIES[family][level]
         for _ in range(MAX_CONSECUTIVE_REPEATS):
             params = problem.draw(rng)
             if params is None:
                 continue
             row = {"family": family, "level": level, "params": json.dumps(params)}
-            if _key(row) in seen:
+            if _key(row) in seen or split_of(self.seed, row) != split:
                 continue
             answer = problem.solve(**params)
             if answer == 0:  # never 0: a guessed submit(0) is never right
@@ -145,3 +150,11 @@ class ProgramsTask:
 
 def _key(row: dict) -> tuple[str, int, str]:
     return row["family"], row["level"], row["params"]
+
+
+def split_of(seed: int, row: dict) -> str:
+    """The split a problem belongs to: a function of the problem alone (a hash of the seed, family, level and
+    parameters; one problem in TEST_SHARE is a test problem). So every configuration with the same seed (level 1
+    for training, every level for evaluation, a subset of families) keeps each test problem out of training."""
+    digest = hashlib.sha256(f"{seed}|{row['family']}|{row['level']}|{row['params']}".encode()).digest()
+    return "test" if digest[0] % TEST_SHARE == 0 else "train"

@@ -1,0 +1,85 @@
+"""Held-out evaluation: the first n problems of a split, one episode each (or k), with the training code's sampling.
+
+``evaluate`` returns the figures of ``rollout.summarize`` (accuracy, per-line error rates, lines per episode, how
+often a multi-line block was used ...), plus ``accuracy_level<k>`` where the problems have a level (the ``programs``
+task) and ``wall_s``. ``eval_config`` builds the config of another held-out task: ``run.eval_task`` (the training
+task with some fields changed, e.g. every level) or ``run.transfer_task`` (another task, e.g. GSM8K).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from sandbox import KernelPool, run_sync
+
+from .backends import Generator
+from .config import Config, TaskConfig
+from .rewards import RewardModel
+from .rollout import EpisodeRules, rollout, summarize
+from .tasks import load_task
+from .types import Trajectory
+
+
+def task_from_config(cfg: Config):
+    options = dict(cfg.task.options)
+    if cfg.task.name in ("arithmetic", "programs"):  # generated tasks: the level and seed come from the config
+        options.setdefault("level", cfg.task.level)
+        options.setdefault("seed", cfg.task.seed)
+    if cfg.task.data:
+        options.setdefault("data", cfg.task.data)
+    return load_task(cfg.task.name, **options)
+
+
+def split_rows(task: Any, split: str, limit: int = 0) -> Any:
+    """The rows of a split, the first ``limit`` only when limit > 0 (lists and datasets.Dataset alike)."""
+    rows = task.rows(split)
+    if limit and len(rows) > limit:
+        rows = rows.select(range(limit)) if hasattr(rows, "select") else rows[:limit]
+    return rows
+
+
+def eval_config(cfg: Config, task_fields: dict[str, Any], fresh: bool = False) -> Config:
+    """``cfg`` with its [task] changed by ``task_fields``: on top of the training task's fields, or (``fresh``, for
+    another task) on top of the defaults, keeping only the training task's seed."""
+    base = {"seed": cfg.task.seed} if fresh else dataclasses.asdict(cfg.task)
+    return dataclasses.replace(cfg, task=TaskConfig(**{**base, **task_fields}))
+
+
+def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,
+             samples_per_problem: int = 1, progress: Any = None,
+             rewards: RewardModel | None = None, episodes: list[Trajectory] | None = None) -> dict[str, float]:
+    """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...).
+    ``rewards``: the reward model to score with (the trainer's at its current step); default cfg's at step 0.
+    ``episodes``: a list the episodes are appended to (the trainer saves them as transcripts)."""
+    t0 = time.perf_counter()
+    rewards = rewards or RewardModel.from_config(cfg.rewards)
+    rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
+    chosen = [(i, rows[i]) for i in range(min(n, len(rows)))]
+    sampling = cfg.rollout.sampling(seed=cfg.run.seed + 7)
+    rules = EpisodeRules.from_config(cfg.rollout)
+    trajs: list[Trajectory] = []
+    chunk = max(1, pool.size // samples_per_problem)
+    for start in range(0, len(chosen), chunk):
+        part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + chunk], rewards, sampling, rules,
+                                   group_size=samples_per_problem, chat_template=cfg.model.chat_template,
+                                   progress=progress))
+        trajs += part
+    out = summarize(trajs)
+    out.update(level_accuracy(trajs, {i: row for i, row in chosen}))
+    out["wall_s"] = time.perf_counter() - t0
+    if episodes is not None:
+        episodes += trajs
+    return out
+
+
+def level_accuracy(trajs: list[Trajectory], rows: dict[int, Any]) -> dict[str, float]:
+    """``accuracy_level<k>`` for each level among the episodes' problems (rows with a "level" field), else {}."""
+    by_level: dict[Any, list[bool]] = {}
+    for t in trajs:
+        row = rows.get(t.row)
+        level = row.get("level") if hasattr(row, "get") else None
+        if level is not None:
+            by_level.setdefault(level, []).append(bool(t.correct))
+    return {f"accuracy_level{k}": sum(v) / len(v) for k, v in sorted(by_level.items(), key=lambda kv: str(kv[0]))}
