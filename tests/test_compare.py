@@ -229,6 +229,21 @@ def test_measures_by_hand(rich: Path, tmp_path: Path) -> None:
     assert "| 100 |" in runs_table[5] and md.rstrip().splitlines()[-1].startswith("\\* no sweep.json")
 
 
+def test_final_value_takes_the_last_row_of_the_keys_kind() -> None:
+    from replrl.compare import final_value, train_mean
+
+    train = {"step": 2, "episodes": 4, "accuracy": 0.5, "adv/correct_negative_frac": 0.25}
+    separate = [{"step": 0, "eval/accuracy": 0.1, "transfer/accuracy": 0.0}, train,
+                {"step": 2, "eval/accuracy": 0.3}, {"step": 2, "transfer/accuracy": 0.2}]
+    same_row = [separate[0], train, {"step": 2, "eval/accuracy": 0.3, "transfer/accuracy": 0.2}]
+    for rows in (separate, same_row):
+        assert final_value(rows, "eval/accuracy") == 0.3 and final_value(rows, "transfer/accuracy") == 0.2
+        assert final_value(rows, "accuracy") == 0.5 and train_mean(rows, "adv/correct_negative_frac") == 0.25
+    # the last evaluation without the key: missing, not the earlier value; never evaluated: missing
+    assert math.isnan(final_value([*separate, {"step": 4, "transfer/wall_s": 1.0}], "transfer/accuracy"))
+    assert math.isnan(final_value([train], "eval/accuracy")) and math.isnan(train_mean(separate, "step_s"))
+
+
 def test_absent_values_are_gaps_not_bridged(synthetic: Path) -> None:
     fig, _ = compare(synthetic)
     by_title = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
