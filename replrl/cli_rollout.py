@@ -120,7 +120,15 @@ def format_summary(s: dict[str, float]) -> str:
         f"interpreter {s['env_tokens_per_episode']:.1f}",
         "end reasons         " + ", ".join(f"{k[4:]} {v:.2f}" for k, v in s.items() if k.startswith("end/")),
     ]
-    if "wall_s" in s:
+    levels = [k for k in s if k.startswith("accuracy_level")]
+    if levels:
+        lines.insert(2, "accuracy by level   " + ", ".join(f"{k[len('accuracy_level'):]}: {s[k]:.3f}" for k in levels))
+    if "block_rate" in s:
+        correct = f" (of the correct ones: {s['correct_block_frac']:.3f})" if "correct_block_frac" in s else ""
+        lines.append(f"multi-line blocks   {s['block_rate']:.3f} of episodes{correct}")
+    if "generation_s" not in s and "wall_s" in s:
+        lines.append(f"time                {s['wall_s']:.1f} s wall")
+    if "generation_s" in s:
         lines.append(f"time                {s['wall_s']:.1f} s wall: generation {s['generation_s']:.1f} s, "
                      f"execution {s['execution_s']:.1f} s (summed over episodes, overlaps generation), "
                      f"other {s['other_s']:.1f} s; {s['tokens_per_s']:.1f} model tokens/s")

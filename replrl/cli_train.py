@@ -105,6 +105,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from .backends import load_generator
     from .cli_rollout import format_summary, model_spec_and_config
     from .policy import load_policy
+    from .rewards import RewardModel
     from .trainer import evaluate, task_from_config
 
     overrides = overrides_from_args(args)
@@ -117,6 +118,7 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     cfg.model.name = model_spec_and_config(args.model, cfg)
     cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
+    step = _checkpoint_step(cfg.model.name)  # scheduled reward weights are scored at the checkpoint's step
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
     task = task_from_config(cfg)
 
@@ -127,7 +129,8 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         with tqdm(total=args.n * args.samples, desc="eval", unit="episode", file=sys.stderr) as bar:
             generator = load_generator(cfg.model.backend, model, tokenizer)
-            summary = evaluate(generator, pool, task, cfg, args.n, args.samples, progress=bar)
+            summary = evaluate(generator, pool, task, cfg, args.n, args.samples, progress=bar,
+                               rewards=RewardModel.from_config(cfg.rewards).at(step))
     finally:
         run_sync(pool.close())
     print(format_summary(summary))
@@ -136,6 +139,14 @@ def run_eval(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: round(v, 4) for k, v in summary.items()}))
     return 0
+
+
+def _checkpoint_step(model_path: str) -> int:
+    """The training step of a checkpoint's model directory (``.../step-000012/model``), 0 for any other model."""
+    try:
+        return int(json.loads((Path(model_path).parent / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def run_plot(args: argparse.Namespace) -> int:

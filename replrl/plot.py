@@ -1,6 +1,7 @@
 """Learning curves of a run as one PNG: reward, accuracy, per-line error rates, each reward term.
 
-A metric is drawn over the steps that logged its kind of row (training steps, or evaluations for ``eval/...``), with
+A metric is drawn over the steps that logged its kind of row (training steps, evaluations for ``eval/...``, transfer
+evaluations for ``transfer/...``), with
 a gap where a row lacks it: ``reward/no_submit`` is only logged at steps where some episode did not submit, and no
 line is drawn across the steps where it is absent.
 """
@@ -16,7 +17,7 @@ from .metrics import read_metrics
 
 PANELS = [
     ("reward", ["reward_mean"]),
-    ("answer accuracy", ["accuracy", "submit_rate", "eval/accuracy"]),
+    ("answer accuracy", ["accuracy", "submit_rate", "eval/accuracy", "transfer/accuracy"]),
     ("per-line error rates", ["syntax_error_rate", "exception_rate", "timeout_rate", "crash_rate"]),
     ("reward terms (mean per episode)", None),  # every reward/<term>
     ("lines per episode", ["lines_per_episode"]),
@@ -24,17 +25,27 @@ PANELS = [
 ]
 
 
+EVAL_PREFIXES = ("eval/", "transfer/")
+"""Held-out rows: the evaluation (eval/...) and the transfer task (transfer/...), each its own row at a step."""
+
+
+def row_kind(key: str) -> str:
+    """"eval/", "transfer/" or "" (a training metric)."""
+    return next((p for p in EVAL_PREFIXES if key.startswith(p)), "")
+
+
 def is_eval_key(key: str) -> bool:
-    return key.startswith("eval/")
+    return row_kind(key) != ""
 
 
 def step_series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of one metric: every step that logged a row of the metric's kind (an evaluation row for
-    ``eval/...``, a training row otherwise), NaN where that row lacks the metric. Rows repeated at one step (a
-    resumed run's evaluation) count once, the last one."""
+    ``eval/...``, a transfer row for ``transfer/...``, a training row otherwise), NaN where that row lacks the
+    metric. Rows repeated at one step (a resumed run's evaluation) count once, the last one."""
     by_step: dict[int, float] = {}
+    kind = row_kind(key)
     for row in rows:
-        if "step" not in row or not any(k != "step" and is_eval_key(k) == is_eval_key(key) for k in row):
+        if "step" not in row or not any(k != "step" and row_kind(k) == kind for k in row):
             continue
         value = row.get(key)
         by_step[int(row["step"])] = float(value) if isinstance(value, (int, float)) else math.nan

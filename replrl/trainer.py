@@ -33,7 +33,7 @@ from sandbox import KernelPool, run_sync
 from sandbox.limits import hides_host_files
 
 from . import checkpoint
-from .advantages import batch_tensors, compute_advantages, correct_negative
+from .advantages import ADVANTAGE_ESTIMATORS, batch_tensors, compute_advantages, correct_negative
 from .backends import load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
@@ -111,6 +111,10 @@ class Trainer:
         if cfg.rollout.problems_per_step < self.world:
             raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
                               f"processes ({self.world}): each process rolls out whole problems")
+        if cfg.advantages.estimator not in ADVANTAGE_ESTIMATORS:  # now, not at the end of the first rollout
+            raise ConfigError(f"advantages.estimator: unknown estimator {cfg.advantages.estimator!r}; known: "
+                              f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} (register yours with "
+                              "@replrl.advantages.advantage_estimator before training)")
         self._check_run_dir(resume)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)

@@ -307,3 +307,15 @@ def test_compare_a_real_sweep(tmp_path: Path, tmp_path_factory: pytest.TempPathF
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
     assert "held-out accuracy" in titles and "reward/no_submit (mean per episode)" in titles
     assert (tmp_path / "cmp" / "compare.png").exists()
+
+
+def test_transfer_rows_at_a_training_step_leave_the_training_curves_whole() -> None:
+    """The trainer writes a step's training row, then its eval/ row and its transfer/ row: each metric is read
+    from the rows of its own kind, so neither held-out row blanks the training value or the other's."""
+    from replrl.plot import step_series
+
+    rows = [{"step": 1, "episodes": 4, "reward_mean": 0.5}, {"step": 1, "eval/accuracy": 0.3},
+            {"step": 1, "transfer/accuracy": 0.2}, {"step": 2, "episodes": 4, "reward_mean": 0.7}]
+    assert step_series(rows, "reward_mean") == ([1, 2], [0.5, 0.7])
+    assert step_series(rows, "eval/accuracy") == ([1], [0.3])
+    assert step_series(rows, "transfer/accuracy") == ([1], [0.2])

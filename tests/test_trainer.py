@@ -146,6 +146,8 @@ def replrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (["--rollout.group_size", "1"], "rollout.group_size must be >= 2"),
     (["--model.name", "/no/such/model"], "model '/no/such/model' not found"),
     (["--task.name", "gsm8k", "--task.data", "/no/such/data.jsonl"], "not found"),
+    (["--advantages.estimator", "line_rgt"], "unknown estimator 'line_rgt'; known: line, line_rtg, outcome"),
+    (["--run.transfer_task", '{"name": "gsm8k", "data": "/no/such/gsm8k"}'], "not found"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
     proc = replrl("train", SMOKE, "--run-dir", str(tmp_path / "r"), *args)
@@ -286,3 +288,17 @@ def test_a_missing_transfer_dataset_fails_before_training(format_model_dir, tmp_
     with pytest.raises((TaskError, FileNotFoundError, ValueError)):
         Trainer(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_eval_of_a_run_scores_with_the_reward_weights_of_its_checkpoints_step(format_model_dir, tmp_path):
+    """`replrl eval` on a run directory uses the weights scheduled for the checkpoint's step, not step 0's."""
+    from replrl.config import RewardConfig
+
+    run = tmp_path / "run"
+    cfg = toy_config(format_model_dir, max_steps=1)
+    cfg.rewards = RewardConfig(weights={**Config().rewards.weights, "correct": {"start": 1.0, "end": 3.0, "steps": 1}})
+    Trainer(cfg, run, progress=False).train()
+    proc = replrl("eval", "--model", str(run), "--n", "16", "--out", str(tmp_path / "eval.json"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "eval.json").read_text())
+    assert summary["accuracy"] > 0 and summary["reward/correct"] == pytest.approx(3.0 * summary["accuracy"])
