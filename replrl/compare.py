@@ -9,8 +9,9 @@ config's ``run.seed`` (else the k of ``seed<k>``); the paired difference to the 
 
 The table's measures (MEASURES), one number per run:
 - from the run's last held-out evaluation: ``eval/accuracy``, ``eval/accuracy_level1..3`` (per difficulty level),
-  ``eval/syntax_error_rate``, ``eval/exception_rate``, ``eval/lines_per_episode`` and ``eval/correct_block_frac``
-  (the share of correct episodes that used a multi-line block);
+  ``eval/syntax_error_rate``, ``eval/exception_rate``, ``eval/lines_per_episode``, ``eval/correct_block_frac``
+  (the share of correct episodes that used a multi-line block), ``eval/block_syntax_error_frac`` (the share of
+  episodes that opened a block and hit a syntax error inside it: the REPL's block rule broken);
 - from its last transfer evaluation (a second task): ``transfer/accuracy``;
 - over its training steps, the mean of ``adv/correct_negative_frac`` (correct episodes given a negative advantage).
 A value missing from that last evaluation is missing for the run (not taken from an earlier one). A measure no run
@@ -73,6 +74,8 @@ MEASURES = [
     Measure("exception_rate", "eval/exception_rate", "final", "exceptions/line"),
     Measure("lines_per_episode", "eval/lines_per_episode", "final", "lines/episode"),
     Measure("correct_block_frac", "eval/correct_block_frac", "final", "correct episodes using a block"),
+    Measure("block_syntax_error_frac", "eval/block_syntax_error_frac", "final",
+            "episodes that opened a block and hit a syntax error in it"),
     Measure("correct_negative_frac", "adv/correct_negative_frac", "train_mean",
             "correct episodes with advantage < 0 (training mean)"),
 ]

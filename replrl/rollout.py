@@ -263,6 +263,11 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
     out["block_rate"] = sum(map(used_block, trajs)) / n
     if correct:  # absent when nothing was right: a fraction of nothing is not 0
         out["correct_block_frac"] = sum(map(used_block, correct)) / len(correct)
+    opened = [t for t in trajs if any(ln.prompt.startswith("...") for ln in t.lines)]
+    if opened:  # the REPL's block rule: a SyntaxError at a "..." prompt (a statement typed before the blank line)
+        out["block_syntax_error_frac"] = sum(any(ln.prompt.startswith("...") and ln.status == "error"
+                                                 and ln.error_name in SYNTAX_ERRORS for ln in t.lines)
+                                             for t in opened) / len(opened)
     rewards = [t.reward for t in trajs]
     mean = out["reward_mean"]
     out["reward_std"] = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5

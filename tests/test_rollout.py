@@ -260,6 +260,10 @@ def test_block_use_counts_code_after_a_continuation_prompt_only():
     out = summarize([loop, one_line, wrong_loop])
     assert out["block_rate"] == pytest.approx(2 / 3) and out["correct_block_frac"] == pytest.approx(1 / 2)
     assert "correct_block_frac" not in summarize([wrong_loop])
+    broken = episode([(">>> ", "for i in range(5):"), ("... ", "    t += i"), ("... ", "submit(t)")], correct=False)
+    broken.lines[-1].status, broken.lines[-1].error_name = "error", "SyntaxError"
+    assert summarize([loop, one_line, broken])["block_syntax_error_frac"] == pytest.approx(1 / 3)  # 3 opened one
+    assert "block_syntax_error_frac" not in summarize([episode([(">>> ", "submit(1)")], correct=True)])
     rows = {0: {"level": 1}, 1: {"level": 2}, 2: {"level": 2}}
     assert level_accuracy([loop, one_line, wrong_loop], rows) == {"accuracy_level1": 1.0, "accuracy_level2": 0.5}
     assert level_accuracy([loop], {0: {"question": "no level"}}) == {}

@@ -1,0 +1,65 @@
+"""Copy a shaping sweep's results into the repository: per finished run its config, metrics, sweep record, the
+held-out transcripts (text only, gzipped: the full eval_samples.jsonl holds token ids, ~3.5 MB a run) and the
+held-out figures recomputed from them (eval_figures.json); then compare the runs.
+
+    python bench/shaping_collect.py runs/shaping_cpu docs/results/shaping_cpu --baseline outcome_only
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from replrl.rollout import summarize
+from replrl.types import Trajectory
+
+KEEP = ("config.toml", "metrics.jsonl", "sweep.json")
+TRANSCRIPT_FIELDS = ("step", "eval", "task", "row", "correct", "submitted", "answer", "end_reason", "text")
+
+
+def collect(sweep: Path, out: Path) -> list[Path]:
+    copied = []
+    for run in sorted(p.parent for p in sweep.glob("*/seed*/sweep.json")):
+        if json.loads((run / "sweep.json").read_text()).get("status") != "done":
+            continue  # still training (or failed): only finished runs are results
+        dest = out / run.relative_to(sweep)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in KEEP:
+            if (run / name).exists():
+                shutil.copy2(run / name, dest / name)
+        samples = run / "eval_samples.jsonl"
+        if samples.exists():
+            groups: dict[str, list[Trajectory]] = {}
+            with open(samples) as f, gzip.open(dest / "eval_transcripts.jsonl.gz", "wt") as g:
+                for line in f:
+                    row = json.loads(line)
+                    g.write(json.dumps({k: row.get(k) for k in TRANSCRIPT_FIELDS}) + "\n")
+                    key = f"{row.pop('eval')}@{row.pop('step')}"
+                    groups.setdefault(key, []).append(Trajectory.from_dict(row))
+            # every held-out figure recomputed from the episodes with today's summarize (figures added since the
+            # run was made included, e.g. block_syntax_error_frac)
+            figures = {key: {k: round(v, 6) for k, v in summarize(trajs).items()} for key, trajs in groups.items()}
+            (dest / "eval_figures.json").write_text(json.dumps(figures, indent=1))
+        copied.append(dest)
+    return copied
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", type=Path, help="the sweep's --out directory")
+    parser.add_argument("out", type=Path, help="where the results go (e.g. docs/results/shaping_cpu)")
+    parser.add_argument("--baseline", default="outcome_only")
+    args = parser.parse_args()
+    runs = collect(args.sweep, args.out)
+    print(f"copied {len(runs)} runs to {args.out}")
+    from replrl.compare import compare
+
+    compare(args.out, out=args.out, baseline=args.baseline)
+    print(f"wrote {args.out / 'summary.md'} and compare.png")
+
+
+if __name__ == "__main__":
+    main()
