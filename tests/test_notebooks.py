@@ -102,7 +102,9 @@ def test_reward_shaping_sweeps_a_notebook_term_and_compares(kernel_dirs: list[st
     assert value(cells["config"]) == {"seed": 1, "names_a_result": 0.1, "syntax_error": -0.3}
     assert len(data(cells["compare"], "image/png")) == 1
     (table,) = data(cells["table"], "text/markdown")
-    assert "| `names_a_result` | 2 |" in table and "(baseline)" in table
+    # one row per measure, one column per variant (the base marked as the baseline), two seeds each
+    assert "| measure | `base` (baseline) | `names_a_result` |" in table and "| seeds | 2 | 2 |" in table
+    assert "| held-out accuracy |" in table and "<br>Δ " in table
     assert "accuracy_diff" in data(cells["dataframe"], "text/html")[0]
 
 
