@@ -186,12 +186,19 @@ def test_ctrl_c_finishes_the_step_saves_and_exits_0(tmp_path):
 
 
 def test_eval_and_plot_commands_on_a_run(format_model_dir, tmp_path):
+    """`replrl eval` on a run directory (scored with the reward weights scheduled for the checkpoint's step, not
+    step 0's) and `replrl plot`."""
+    from replrl.config import RewardConfig
+
     run = tmp_path / "run"
-    Trainer(toy_config(format_model_dir, max_steps=1), run, progress=False).train()
-    proc = replrl("eval", "--model", str(run), "--n", "4", "--out", str(tmp_path / "eval.json"))
+    cfg = toy_config(format_model_dir, max_steps=1)
+    cfg.rewards = RewardConfig(weights={**Config().rewards.weights, "correct": {"start": 1.0, "end": 3.0, "steps": 1}})
+    Trainer(cfg, run, progress=False).train()
+    proc = replrl("eval", "--model", str(run), "--n", "16", "--out", str(tmp_path / "eval.json"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "eval.json").read_text())
-    assert summary["episodes"] == 4 and 0.0 <= summary["accuracy"] <= 1.0 and "syntax_error_rate" in summary
+    assert summary["episodes"] == 16 and 0.0 <= summary["accuracy"] <= 1.0 and "syntax_error_rate" in summary
+    assert summary["accuracy"] > 0 and summary["reward/correct"] == pytest.approx(3.0 * summary["accuracy"])
     proc = replrl("plot", str(run))
     assert proc.returncode == 0, proc.stderr
     png = run / "curves.png"
@@ -288,17 +295,3 @@ def test_a_missing_transfer_dataset_fails_before_training(format_model_dir, tmp_
     with pytest.raises((TaskError, FileNotFoundError, ValueError)):
         Trainer(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
-
-
-def test_eval_of_a_run_scores_with_the_reward_weights_of_its_checkpoints_step(format_model_dir, tmp_path):
-    """`replrl eval` on a run directory uses the weights scheduled for the checkpoint's step, not step 0's."""
-    from replrl.config import RewardConfig
-
-    run = tmp_path / "run"
-    cfg = toy_config(format_model_dir, max_steps=1)
-    cfg.rewards = RewardConfig(weights={**Config().rewards.weights, "correct": {"start": 1.0, "end": 3.0, "steps": 1}})
-    Trainer(cfg, run, progress=False).train()
-    proc = replrl("eval", "--model", str(run), "--n", "16", "--out", str(tmp_path / "eval.json"))
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads((tmp_path / "eval.json").read_text())
-    assert summary["accuracy"] > 0 and summary["reward/correct"] == pytest.approx(3.0 * summary["accuracy"])
