@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from replrl.rollout import summarize
+from replrl.sweep import read_record
 from replrl.types import Trajectory
 
 KEEP = ("config.toml", "metrics.jsonl", "sweep.json")
@@ -23,7 +24,7 @@ TRANSCRIPT_FIELDS = ("step", "eval", "task", "row", "correct", "submitted", "ans
 def collect(sweep: Path, out: Path) -> list[Path]:
     copied = []
     for run in sorted(p.parent for p in sweep.glob("*/seed*/sweep.json")):
-        if json.loads((run / "sweep.json").read_text()).get("status") != "done":
+        if read_record(run).get("status") != "done":
             continue  # still training (or failed): only finished runs are results
         dest = out / run.relative_to(sweep)
         dest.mkdir(parents=True, exist_ok=True)

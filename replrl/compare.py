@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .metrics import read_metrics
-from .plot import markevery, step_series
+from .plot import markevery, row_kind, step_series
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,8 +81,6 @@ MEASURES = [
 ]
 ALWAYS = ("accuracy", "syntax_error_rate", "exception_rate")
 """Measures kept in the tables even when no run has them (the columns callers have always had)."""
-EVAL_PREFIXES = ("eval/", "transfer/")
-"""Keys logged by an evaluation; a ``final`` measure takes the last row holding a key with the same prefix."""
 WALL_KEYS = ("step_s", "eval/wall_s", "transfer/wall_s")
 """Logged seconds whose sum is a run's wall-clock when its sweep recorded none."""
 
@@ -219,21 +217,12 @@ def _sweep_order(path: Path) -> list[str]:
         return []
 
 
-def _kind(key: str) -> str:
-    return next((p for p in EVAL_PREFIXES if key.startswith(p)), "")
-
-
 def final_value(rows: Sequence[dict[str, Any]], key: str) -> float:
     """The metric in the run's last row of its kind: the last evaluation (``eval/``) or transfer evaluation
     (``transfer/``) for such a key, the last training row otherwise. NaN when there is none, or when that row lacks
     it. Rows repeated at one step (a resumed run's evaluation) count once, the last one."""
-    kind = _kind(key)
-    by_step: dict[int, Any] = {}
-    for row in rows:
-        if "step" in row and any(k != "step" and _kind(k) == kind for k in row):
-            by_step[int(row["step"])] = row.get(key)
-    value = by_step[max(by_step)] if by_step else None
-    return float(value) if isinstance(value, (int, float)) else math.nan
+    steps, values = step_series(rows, key)
+    return values[-1] if steps else math.nan
 
 
 def _logged(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
@@ -376,7 +365,7 @@ def markdown(table: Any, per_run: Any, baseline: str) -> str:
     records = table.to_dict("records")
     head = ["measure"] + [f"`{r['variant']}`" + (" (baseline)" if r["variant"] == baseline else "") for r in records]
     notes = []
-    if any(_kind(m.key) == "transfer/" for m in measures):
+    if any(row_kind(m.key) == "transfer/" for m in measures):
         notes.append("transfer: its last evaluation on the transfer task")
     if any(m.how == "train_mean" for m in measures):
         notes.append("training mean: over its training steps")
@@ -417,8 +406,8 @@ def compare(paths: str | Path | Sequence[str | Path], out: str | Path | None = N
 
     The table has one row per variant: ``seeds``; for each measure of MEASURES that some run has (accuracy,
     syntax_error_rate and exception_rate always; accuracy_level1..3, transfer_accuracy, lines_per_episode,
-    correct_block_frac from the last evaluation; correct_negative_frac, the mean over training steps)
-    ``<m>_mean``, ``<m>_lo``, ``<m>_hi`` (95% t-interval over seeds) and ``<m>_diff``, ``<m>_diff_lo``,
+    correct_block_frac, block_syntax_error_frac from the last evaluation; correct_negative_frac, the mean over
+    training steps) ``<m>_mean``, ``<m>_lo``, ``<m>_hi`` (95% t-interval over seeds) and ``<m>_diff``, ``<m>_diff_lo``,
     ``<m>_diff_hi``, ``<m>_pairs`` (minus the baseline, paired by seed, 95% bootstrap CI); and ``wall_s_mean``,
     ``steps_mean``, ``episodes_mean``. ``pd.DataFrame(table.attrs["runs"])`` has one row per run (variant, seed,
     steps, episodes, wall_s and wall_s_source: "sweep" for the sweep's record of the process, "logged" for the sum

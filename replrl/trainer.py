@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from accelerate.utils import gather_object
@@ -93,6 +93,15 @@ class ProblemStream:
         return out
 
 
+class HeldOut(NamedTuple):
+    """A held-out task: "eval" (the training task, or run.eval_task) or "transfer" (run.transfer_task)."""
+
+    label: str
+    cfg: Config
+    task: Any
+    n: int
+
+
 class Trainer:
     """``Trainer(cfg, run_dir).train()``; ``resume=True`` continues the run in ``run_dir`` at its next step."""
 
@@ -124,14 +133,15 @@ class Trainer:
                         "(and its answers); install bubblewrap for the allowlisted view", self.isolation,
                         self.task.data)
         self.train_rows = split_rows(self.task, cfg.task.train_split, cfg.task.limit)
-        # held-out tasks, loaded now so that a bad one fails before any training: (label, config, task, n)
-        self.held_out = [("eval", cfg, self.task, cfg.run.eval_n)]
+        # held-out tasks, loaded now so that a bad one fails before any training
+        self.held_out = [HeldOut("eval", cfg, self.task, cfg.run.eval_n)]
         if cfg.run.eval_task:
             eval_cfg = eval_config(cfg, cfg.run.eval_task)
-            self.held_out[0] = ("eval", eval_cfg, task_from_config(eval_cfg), cfg.run.eval_n)
+            self.held_out[0] = HeldOut("eval", eval_cfg, task_from_config(eval_cfg), cfg.run.eval_n)
         if cfg.run.transfer_task and cfg.run.transfer_n:
             transfer_cfg = eval_config(cfg, cfg.run.transfer_task, fresh=True)
-            self.held_out.append(("transfer", transfer_cfg, task_from_config(transfer_cfg), cfg.run.transfer_n))
+            self.held_out.append(HeldOut("transfer", transfer_cfg, task_from_config(transfer_cfg),
+                                         cfg.run.transfer_n))
         for label, _, task, _ in self.held_out:
             if tuple(task.tools) != tuple(self.task.tools):
                 raise ConfigError(f"the {label} task {task.name!r} injects other tools ({', '.join(task.tools)}) "
@@ -301,9 +311,9 @@ class Trainer:
                 lines.append(f"  {level.replace('_', ' '):<26}{pct(before, level)} -> {pct(after, level)}")
         transfer_after = self.evals.get("transfer_after")
         if transfer_after:
-            _, tcfg, ttask, _ = self.held_out[-1]
-            before = self.evals.get("transfer_before")
-            lines += [f"transfer ({int(transfer_after['episodes'])} problems of {ttask.name} {tcfg.task.eval_split}):",
+            transfer, before = self.held_out[-1], self.evals.get("transfer_before")
+            lines += [f"transfer ({int(transfer_after['episodes'])} problems of {transfer.task.name} "
+                      f"{transfer.cfg.task.eval_split}):",
                       f"  accuracy                  {pct(before, 'accuracy')} -> {pct(transfer_after, 'accuracy')}"]
         if self.curves is not None:
             lines.append(f"learning curves: {self.curves}")
@@ -454,11 +464,11 @@ class Trainer:
         "eval" (the eval split of the training task, or of run.eval_task) or "transfer" (run.transfer_task)."""
         from tqdm.auto import tqdm
 
-        _, cfg, task, default_n = next(h for h in self.held_out if h[0] == which)
-        n = n or default_n
+        held = next(h for h in self.held_out if h.label == which)
+        n = n or held.n
         with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
-            return evaluate(self.generator, pool, task, cfg, n, progress=bar, rewards=self.rewards.at(self.step),
-                            episodes=episodes)
+            return evaluate(self.generator, pool, held.task, held.cfg, n, progress=bar,
+                            rewards=self.rewards.at(self.step), episodes=episodes)
 
     def evaluate_all(self, pool: KernelPool, when: str = "") -> dict[str, float]:
         """Every held-out task (eval, then transfer if set): figures logged as eval/<m> and transfer/<m> at this

@@ -39,9 +39,14 @@ def write_run(path: Path, seed: int, acc: float, syntax: float | None, *, no_sub
             row["reward/no_submit"] = -0.2 * step
         rows.append(row)
     rows.append({"step": 4, **final})
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if not named_seed:
         (path / "config.toml").write_text(f"[run]\nseed = {seed}\n")
+    return write_metrics(path, rows, wall_s)
+
+
+def write_metrics(path: Path, rows: list[dict], wall_s: float | None) -> Path:
+    """metrics.jsonl of ``rows``, and a sweep record of ``wall_s`` seconds when it is given."""
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if wall_s is not None:
         (path / "sweep.json").write_text(json.dumps({"status": "done", "wall_s": wall_s}))
     return path
@@ -151,10 +156,7 @@ def write_rich_run(path: Path, *, neg: tuple[float | None, ...], step_s: tuple[f
     # the trainer writes the transfer evaluation as a row of its own at the same step
     rows += [final, {"step": 3, "transfer/accuracy": transfer, "transfer/syntax_error_rate": 0.0,
                      "transfer/wall_s": 2.0}]
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if sweep_wall_s is not None:
-        (path / "sweep.json").write_text(json.dumps({"status": "done", "wall_s": sweep_wall_s}))
-    return path
+    return write_metrics(path, rows, sweep_wall_s)
 
 
 @pytest.fixture
