@@ -27,17 +27,35 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+SAMPLE_FILES = ("samples.jsonl", "eval_samples.jsonl")
+"""Episode files, truncated with metrics.jsonl on resume."""
+
+
+def _rewrite(path: Path, lines: Sequence[str]) -> None:
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(lines))
+    os.replace(tmp, path)
+
+
+def _held_out_labels(row: dict[str, Any]) -> set[str]:
+    """The held-out evaluations a metrics row logs (``eval/accuracy`` -> "eval")."""
+    return {k.split("/", 1)[0] for k in row if k.split("/", 1)[0] in ("eval", "transfer")}
+
+
 class MetricsWriter:
     """Appends one JSON object per step. On resume, lines after the resumed step (written after the last checkpoint
-    by the interrupted run) are dropped first, so the file continues as one consistent series."""
+    by the interrupted run) are dropped first, so the file continues as one consistent series; the episode files
+    are cut the same way, and held-out episodes whose evaluation never logged its figures (a kill mid-evaluation)
+    go too. ``logged(step, label)`` tells the resumed run which evaluations it need not repeat."""
 
     def __init__(self, run_dir: str | Path, resume_after: int = 0, tensorboard: bool = True):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
-        kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= resume_after] if resume_after else []
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.path)
+        self.kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= resume_after] if resume_after \
+            else []
+        _rewrite(self.path, [json.dumps(r) + "\n" for r in self.kept])
+        if resume_after:
+            self._cut_samples(resume_after)
         self._file = open(self.path, "a")
         self._tb = None
         if tensorboard:
@@ -47,6 +65,32 @@ class MetricsWriter:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_after + 1)
             except ImportError:
                 log.info("tensorboard is not installed: metrics go to metrics.jsonl only")
+
+    def _cut_samples(self, step: int) -> None:
+        evaluated = {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
+        for name in SAMPLE_FILES:
+            path = self.run_dir / name
+            if not path.exists():
+                continue
+            kept = []
+            with open(path) as f:
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:  # cut by a kill mid-write
+                        continue
+                    if row.get("step", 0) <= step and ("eval" not in row or (row["step"], row["eval"]) in evaluated):
+                        kept.append(line)
+            _rewrite(path, kept)
+
+    def logged(self, step: int, label: str) -> dict[str, Any] | None:
+        """The figures of held-out evaluation ``label`` at ``step`` that the run logged before it was resumed (its
+        episodes are all in eval_samples.jsonl: they are written first), or None."""
+        prefix = label + "/"
+        for r in self.kept:
+            if r.get("step") == step and any(k.startswith(prefix) for k in r):
+                return {k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)}
+        return None
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}

@@ -59,6 +59,9 @@ class NullMetrics:
     def samples(self, step: int, trajectories: list[Trajectory], **kwargs: Any) -> None:
         pass
 
+    def logged(self, step: int, label: str) -> None:
+        return None
+
     def close(self) -> None:
         pass
 
@@ -167,6 +170,7 @@ class Trainer:
         self.pad_id = self.generator.pad_id
         self.step = 0
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
+        self._resumed = resume
         if resume:
             self._resume()
         self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, tensorboard=cfg.run.tensorboard) \
@@ -241,6 +245,8 @@ class Trainer:
         try:
             if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
                 self.evals["before"] = self.evaluate_all(pool, "before")
+            if self.main and cfg.run.eval_n and self._resumed and self._eval_due(self.step):
+                self.evals["after"] = self.evaluate_all(pool)  # the parts a kill interrupted; finished ones are kept
             while self.step < cfg.run.max_steps and not self._stop:
                 result = self.train_step(pool)
                 bar.update(1)
@@ -250,7 +256,7 @@ class Trainer:
                                 syntax=f"{m['syntax_error_rate']:.2f}", **budget, refresh=False)
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
-                if self.main and cfg.run.eval_n and cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+                if self.main and cfg.run.eval_n and self._eval_due(self.step):
                     self.evals["after"] = self.evaluate_all(pool)
                 if on_step is not None:
                     on_step(result)
@@ -264,8 +270,7 @@ class Trainer:
                     break
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
-            evaluated_now = cfg.run.eval_every and self.step % cfg.run.eval_every == 0
-            if self.main and cfg.run.eval_n and self.step and not self._stop and not evaluated_now:
+            if self.main and cfg.run.eval_n and self.step and not self._stop and not self._eval_due(self.step):
                 self.evals["after"] = self.evaluate_all(pool, "after")
         finally:
             bar.close()
@@ -277,6 +282,10 @@ class Trainer:
 
             self.curves = plot_run(self.run_dir)
         return self.run_dir
+
+    def _eval_due(self, step: int) -> bool:
+        """Whether run.eval_every puts a held-out evaluation after ``step``."""
+        return bool(self.cfg.run.eval_every) and step % self.cfg.run.eval_every == 0
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any process (so all stop together)."""
@@ -475,11 +484,17 @@ class Trainer:
         step, episodes appended to eval_samples.jsonl; returns the eval figures."""
         figures: dict[str, dict[str, float]] = {}
         for label, _, task, _ in self.held_out:
+            done = self.metrics.logged(self.step, label)
+            if done is not None:  # a resumed run: this evaluation finished before the interruption
+                log.info("%s at step %d: evaluated before the run was resumed", label, self.step)
+                figures[label] = done
+                continue
             episodes: list[Trajectory] = []
             desc = f"{label} ({task.name}){' ' + when + ' training' if when else ''}"
             figures[label] = self.evaluate(pool, desc=desc, which=label, episodes=episodes)
-            self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
+            # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
+            self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
         if "transfer" in figures:
             self.evals["transfer_" + (when or "after")] = figures["transfer"]
         return figures["eval"]

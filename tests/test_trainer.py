@@ -253,7 +253,8 @@ def test_a_run_ends_with_a_before_after_summary_and_curves(format_model_dir, tmp
 def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, tmp_path):
     """run.eval_task changes the held-out task (per-level accuracy logged where problems have levels);
     run.transfer_task adds a second held-out task (here GSM8K, loaded from files through `datasets`), logged as
-    transfer/<m>; every held-out episode is kept in eval_samples.jsonl."""
+    transfer/<m>; every held-out episode is kept in eval_samples.jsonl; a resume finishes an evaluation a kill
+    interrupted without repeating what was logged."""
     from tests.helpers_models import GSM8K_DIR
 
     cfg = toy_config(format_model_dir, max_steps=1, eval_n=4, eval_task={"options": {"digits": [3]}},
@@ -275,6 +276,23 @@ def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, t
     assert all("Submit 3." in s["text"] for s in samples if s["eval"] == "eval")
     assert all("Problem:" in s["text"] and s["task"] == "gsm8k" for s in samples if s["eval"] == "transfer")
     assert "transfer (2 problems of gsm8k test)" in trainer.summary()
+
+    # killed during the final transfer evaluation (its figures not logged, one of its episodes written) and during a
+    # step 2 (its samples written, no checkpoint): the resumed run keeps the finished eval, redoes the transfer
+    # evaluation, and leaves every file as one consistent series, nothing repeated
+    run = tmp_path / "run"
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if "transfer/accuracy" not in r
+                                               or r["step"] == 0))
+    (run / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples[:-1]))
+    with open(run / "samples.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2, "text": "from the killed step"}) + "\n")
+    Trainer(cfg, run, resume=True, progress=False).train()
+    again = read_metrics(run)
+    assert [r for r in again if "eval/accuracy" in r] == evals                # kept as logged, not re-evaluated
+    assert [r["step"] for r in again if "transfer/accuracy" in r] == [0, 1]
+    resamples = [json.loads(line) for line in (run / "eval_samples.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["eval"]) for s in resamples] == [(s["step"], s["eval"]) for s in samples]
+    assert max(json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()) == 1
 
 
 @pytest.mark.parametrize("transfer, message", [
