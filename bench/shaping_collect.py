@@ -3,6 +3,11 @@ held-out transcripts (text only, gzipped: the full eval_samples.jsonl holds toke
 held-out figures recomputed from them (eval_figures.json); then compare the runs.
 
     python bench/shaping_collect.py runs/shaping_cpu docs/results/shaping_cpu --baseline outcome_only
+
+The collected records are enough to go on with the sweep on another machine: ``--restore`` puts each collected
+run's config, metrics and sweep record back into the sweep directory, where ``replrl sweep`` then skips it.
+
+    python bench/shaping_collect.py runs/shaping_cpu docs/results/shaping_cpu --restore
 """
 
 from __future__ import annotations
@@ -48,12 +53,32 @@ def collect(sweep: Path, out: Path) -> list[Path]:
     return copied
 
 
+def restore(out: Path, sweep: Path) -> list[Path]:
+    """Put every collected run's records back into ``sweep`` (runs already there are left alone)."""
+    restored = []
+    for collected in sorted(p.parent for p in out.glob("*/seed*/sweep.json")):
+        run = sweep / collected.relative_to(out)
+        if (run / "sweep.json").exists():
+            continue
+        run.mkdir(parents=True, exist_ok=True)
+        for name in KEEP:
+            shutil.copy2(collected / name, run / name)
+        restored.append(run)
+    return restored
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", type=Path, help="the sweep's --out directory")
     parser.add_argument("out", type=Path, help="where the results go (e.g. docs/results/shaping_cpu)")
     parser.add_argument("--baseline", default="outcome_only")
+    parser.add_argument("--restore", action="store_true",
+                        help="copy the collected runs' records back into the sweep directory (to continue it)")
     args = parser.parse_args()
+    if args.restore:
+        runs = restore(args.out, args.sweep)
+        print(f"restored {len(runs)} finished runs into {args.sweep}: replrl sweep skips them")
+        return
     runs = collect(args.sweep, args.out)
     print(f"copied {len(runs)} runs to {args.out}")
     from replrl.compare import compare

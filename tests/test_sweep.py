@@ -18,7 +18,7 @@ from replrl.cli import build_parser, main
 from replrl.config import Config
 from replrl.configlib import ConfigError, overrides_from_args, resolve
 from replrl.metrics import read_metrics
-from replrl.sweep import plan, sweep
+from replrl.sweep import plan, print_commands, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "examples" / "sweep_smoke.toml"
@@ -130,6 +130,29 @@ def test_print_writes_one_train_command_per_run(tmp_path: Path, capsys: pytest.C
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 4
     assert all(c.endswith(" --resume") and " --run.max_steps=3 " in c for c in commands)
+
+
+def test_collected_results_let_a_sweep_go_on_in_a_fresh_directory(tmp_path: Path,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """bench/shaping_collect.py keeps each finished run's config, metrics, sweep record, held-out transcripts and
+    figures; --restore puts the records into a fresh sweep directory (another machine), where the sweep skips them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shaping_collect", ROOT / "bench" / "shaping_collect.py")
+    collect_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collect_script)
+    out, _ = smoke_sweep_dir(tmp_path_factory)
+    results, fresh = tmp_path / "results", tmp_path / "fresh"
+    collected = collect_script.collect(out, results)
+    assert sorted(str(p.relative_to(results)) for p in collected) == sorted(RUNS)
+    for run in collected:
+        figures = json.loads((run / "eval_figures.json").read_text())
+        assert figures["eval@2"]["episodes"] > 0 and (run / "eval_transcripts.jsonl.gz").stat().st_size > 0
+    assert sorted(str(p.relative_to(fresh)) for p in collect_script.restore(results, fresh)) == sorted(RUNS)
+    assert collect_script.restore(results, fresh) == []      # runs already there are left alone
+    lines, done = print_commands(SPEC, fresh)
+    assert lines == [] and len(done) == 4                     # nothing to train again
+    assert read_metrics(fresh / RUNS[0]) == read_metrics(out / RUNS[0])
 
 
 def test_override_forms_and_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
