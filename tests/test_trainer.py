@@ -257,7 +257,7 @@ def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, t
     interrupted without repeating what was logged."""
     from tests.helpers_models import GSM8K_DIR
 
-    cfg = toy_config(format_model_dir, max_steps=1, eval_n=4, eval_task={"options": {"digits": [3]}},
+    cfg = toy_config(format_model_dir, max_steps=1, eval_n=4, eval_every=1, eval_task={"options": {"digits": [3]}},
                      transfer_task={"name": "gsm8k", "data": str(GSM8K_DIR / "test.jsonl")}, transfer_n=2)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
     trainer.train()
@@ -277,9 +277,9 @@ def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, t
     assert all("Problem:" in s["text"] and s["task"] == "gsm8k" for s in samples if s["eval"] == "transfer")
     assert "transfer (2 problems of gsm8k test)" in trainer.summary()
 
-    # killed during the final transfer evaluation (its figures not logged, one of its episodes written) and during a
-    # step 2 (its samples written, no checkpoint): the resumed run keeps the finished eval, redoes the transfer
-    # evaluation, and leaves every file as one consistent series, nothing repeated
+    # killed during the transfer evaluation after step 1 (its figures not logged, one of its episodes written) and
+    # during a step 2 (its samples written, no checkpoint): the resumed run keeps the finished eval, redoes the
+    # transfer evaluation, and leaves every file as one consistent series, nothing repeated
     run = tmp_path / "run"
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if "transfer/accuracy" not in r
                                                or r["step"] == 0))
