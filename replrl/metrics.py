@@ -37,9 +37,13 @@ def _rewrite(path: Path, lines: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
+EVAL_PREFIXES = ("eval/", "transfer/")
+"""Key prefixes of held-out rows in metrics.jsonl: the eval task's and the transfer task's figures."""
+
+
 def _held_out_labels(row: dict[str, Any]) -> set[str]:
     """The held-out evaluations a metrics row logs (``eval/accuracy`` -> "eval")."""
-    return {k.split("/", 1)[0] for k in row if k.split("/", 1)[0] in ("eval", "transfer")}
+    return {p[:-1] for p in EVAL_PREFIXES if any(k.startswith(p) for k in row)}
 
 
 class MetricsWriter:

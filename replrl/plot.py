@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .metrics import read_metrics
+from .metrics import EVAL_PREFIXES, read_metrics
 
 PANELS = [
     ("reward", ["reward_mean"]),
@@ -23,10 +23,6 @@ PANELS = [
     ("lines per episode", ["lines_per_episode"]),
     ("policy", ["entropy", "clip_frac", "approx_kl", "kl"]),
 ]
-
-
-EVAL_PREFIXES = ("eval/", "transfer/")
-"""Held-out rows: the evaluation (eval/...) and the transfer task (transfer/...), each its own row at a step."""
 
 
 def row_kind(key: str) -> str:
