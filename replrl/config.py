@@ -203,6 +203,10 @@ class OptimConfig:
     """Optimizer steps per pass: the batch is split into this many minibatches."""
     micro_batch: int = 4
     """Episodes per forward/backward (gradient accumulation inside a minibatch)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them: the update's memory
+    falls to about the weights and optimizer state, for about a third more update compute (TRL's option of the same
+    name). For long transcripts or a larger micro_batch on a small machine."""
 
     def __post_init__(self) -> None:
         check_positive("optim", self, "lr", "epochs", "minibatches", "micro_batch")

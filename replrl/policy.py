@@ -32,6 +32,19 @@ def load_policy(cfg: ModelConfig, seed: int = 0, checkpoint: Path | None = None)
     return model, tokenizer
 
 
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Checkpoint every decoder layer of ``model`` (also under a peft wrapper): activations are recomputed in the
+    backward pass. Active in training mode only, so generation and no-grad scoring are unchanged."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"optim.gradient_checkpointing: {type(base).__name__} does not support it")
+    enable = getattr(base, "activation_checkpointing_enable", None)  # transformers >= 5.23; older: the old name
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _with_lora(model: Any, rank: int) -> Any:
     try:
         from peft import LoraConfig, get_peft_model

@@ -41,7 +41,7 @@ from .configlib import ConfigError, to_toml
 from .evaluation import eval_config, evaluate, split_rows, task_from_config
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
 from .metrics import MetricsWriter
-from .policy import load_policy
+from .policy import enable_gradient_checkpointing, load_policy
 from .rewards import RewardModel
 from .rollout import EpisodeRules, rollout, summarize
 from .types import SamplingParams, Trajectory
@@ -155,6 +155,8 @@ class Trainer:
         model, self.tokenizer = load_policy(cfg.model, seed=cfg.run.seed,
                                             checkpoint=checkpoint.latest(self.run_dir) if resume else None)
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef > 0 else None
+        if cfg.optim.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas,
                                       weight_decay=cfg.optim.weight_decay)

@@ -232,3 +232,51 @@ def test_scoring_only_sampled_positions_equals_the_full_computation_there():
     torch.testing.assert_close(lp[on], full_lp[on])                 # same values where scored
     torch.testing.assert_close(ent[on], full_ent[on])
     assert (lp[~on] == 0).all() and (ent[~on] == 0).all()          # nothing elsewhere
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_recomputes_layers_and_gives_the_same_gradient(lora):
+    """optim.gradient_checkpointing: the update scores tokens through the decoder called directly (not the
+    model's forward); each layer must still run twice (forward, then again in backward) and the gradient must be
+    the one computed without it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from replrl.policy import _with_lora, enable_gradient_checkpointing
+
+    if lora:
+        pytest.importorskip("peft")
+
+    def build():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+        return _with_lora(model, 4) if lora else model
+
+    input_ids, attention_mask, loss_mask = tiny_batch()
+    adv = torch.tensor([[1.0] * 9, [-0.5] * 9])
+    grads, calls = [], []
+    for checkpointed in (False, True):
+        model = build()
+        if checkpointed:
+            enable_gradient_checkpointing(model)
+        model.train()
+        layer = (model.get_base_model() if lora else model).model.layers[0]
+        runs = []                                                         # one entry per run of the layer
+        layer.input_layernorm.register_forward_pre_hook(lambda *_, runs=runs: runs.append(1))
+        logp = token_logprobs(model, input_ids, attention_mask, SamplingParams(temperature=0.7), loss_mask=loss_mask)
+        loss, _ = grpo_loss(logp, logp.detach(), adv, loss_mask)
+        loss.backward()
+        calls.append(len(runs))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    assert calls == [1, 2]                                            # recomputed in backward only when enabled
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+    assert any(g.abs().sum() > 0 for g in grads[1].values())
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_a_clear_error():
+    from replrl.policy import enable_gradient_checkpointing
+
+    with pytest.raises(ValueError, match="optim.gradient_checkpointing: Linear does not support it"):
+        enable_gradient_checkpointing(torch.nn.Linear(2, 2))
