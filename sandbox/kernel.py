@@ -30,7 +30,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session
 
-from .launch import kill_uid, launch_spec
+from .launch import kill_uid, launch_spec, release_uid
 from .limits import Limits
 from .result import ExecResult, ToolCall
 
@@ -164,6 +164,7 @@ class KernelProcess:
                 kill_uid(self.uid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
+        release_uid(self.uid)
         if self._pidfd is not None:
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(self._pidfd)

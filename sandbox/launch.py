@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import os
 import shutil
 import signal
+import stat
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +27,10 @@ ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone
              "hosts", "host.conf", "os-release", "mime.types", "ssl", "ca-certificates", "ca-certificates.conf")
 
 _uid_counter = itertools.count()
+UID_SPAN = 20000
+"""Kernel uids are drawn from ``[uid_base, uid_base + UID_SPAN)``."""
+_claims: dict[int, int] = {}
+"""uid -> the open lock file that claims it, held while a kernel of this process runs under that uid."""
 
 
 @dataclass
@@ -34,9 +42,49 @@ class LaunchSpec:
     """The dedicated uid the kernel drops to (host is root), else None (the kernel runs as the host user)."""
 
 
+def claims_dir() -> Path:
+    """Where kernel uids are claimed: root's own directory (under /run when it can be written, else the temp
+    directory). Kernels run under other uids, so none can hold, forge or remove a claim; a directory that is not
+    root's alone (made by someone else first) is refused rather than used."""
+    base = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+    path = base / "replrl-uids"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"sandbox: {path} must be a directory of uid {os.geteuid()} with mode 0700 (it claims "
+                           "kernel uids): remove it")
+    return path
+
+
 def next_uid(limits: Limits) -> int | None:
-    """A uid of the kernel's own when the host is root (so RLIMIT_NPROC and kill permissions are per kernel)."""
-    return limits.uid_base + next(_uid_counter) % 20000 if is_root() else None
+    """A uid of the kernel's own when the host is root (so RLIMIT_NPROC and kill permissions are per kernel), None
+    otherwise. The uid is claimed host-wide with an flock on ``claims_dir()/<uid>`` until ``release_uid``: two
+    processes (two runs, a sweep's parallel runs, a notebook beside a run) never share a kernel uid, so one's kernel
+    can neither signal the other's nor use up its process limit. A claim dies with its process."""
+    if not is_root():
+        return None
+    where = claims_dir()
+    for _ in range(UID_SPAN):
+        uid = limits.uid_base + next(_uid_counter) % UID_SPAN
+        if uid in _claims:
+            continue
+        fd = os.open(where / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _claims[uid] = fd
+        return uid
+    raise RuntimeError(f"sandbox: all {UID_SPAN} kernel uids from {limits.uid_base} are in use")
+
+
+def release_uid(uid: int | None) -> None:
+    """Give back a uid from ``next_uid`` (once its kernel's processes are gone). Idempotent."""
+    fd = _claims.pop(uid, None) if uid is not None else None
+    if fd is not None:
+        os.close(fd)
 
 
 def python_paths() -> list[str]:

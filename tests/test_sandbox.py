@@ -219,3 +219,42 @@ def test_unavailable_isolation_is_an_error_not_a_silent_downgrade():
             Limits(isolation=level, network=True).resolve_isolation()
     with pytest.raises(ValueError):
         Limits(isolation="chroot")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not is_root(), reason="kernels get uids of their own only when the host is root")
+def test_two_host_processes_never_share_a_kernel_uid():
+    """Two replrl processes on one host (two runs, a sweep's parallel runs) start kernels from the same uid_base: each
+    kernel must still get a uid no other live kernel has, or one run's code could kill the other's kernels."""
+    import subprocess
+    import sys
+
+    from sandbox.launch import claims_dir
+
+    limits = Limits(uid_base=UID_BASE + 16000)
+    child = textwrap.dedent(f"""
+        import sys, time
+        from sandbox import Limits, SyncKernelPool
+        with SyncKernelPool(size=2, limits=Limits(uid_base={UID_BASE + 16000})) as pool:
+            uids = []
+            for _ in range(2):
+                with pool.acquire() as k:
+                    uids.append(int(k.execute("import os; print(os.getuid())").output))
+            print(*sorted(uids), flush=True)
+            sys.stdin.read()  # hold the kernels until the parent has started its own
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        theirs = set(map(int, proc.stdout.readline().split()))
+        assert len(theirs) == 2, "the child process did not start its kernels"
+        with SyncKernelPool(size=2, limits=limits) as pool:
+            ours = set()
+            for _ in range(2):
+                with pool.acquire() as k:
+                    ours.add(int(k.execute("import os; print(os.getuid())").output))
+            assert len(ours) == 2 and not ours & theirs, (ours, theirs)
+            assert all(limits.uid_base <= u < limits.uid_base + 20000 for u in ours | theirs)
+    finally:
+        proc.communicate("", timeout=60)
+    st = os.stat(claims_dir())
+    assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700  # no kernel uid can reach the claims
