@@ -15,7 +15,7 @@ import pytest
 from sandbox import Kernel, Limits, SyncKernelPool, run_sync
 from sandbox.limits import is_root
 
-UID_BASE = 90000  # this module's kernels get uids of their own (host is root), so we can count them
+UID_BASE = 120000  # this module's kernels get uids no other test uses (host is root), so we can count them
 LIMITS = Limits(wall_s=1.5, interrupt_grace_s=1.0, max_output_bytes=10_000, uid_base=UID_BASE)
 
 
@@ -194,19 +194,26 @@ def test_kernel_replaced_after_crash_keeps_tools():
     assert again.status == "ok" and [c.args for c in again.tool_calls] == [[7]]
 
 
-def test_pool_close_leaves_nothing_behind():
+def test_pool_close_leaves_nothing_behind(monkeypatch):
+    import tempfile
+
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
     with SyncKernelPool(size=1, limits=Limits(uid_base=UID_BASE + 14000)):
         pass  # the first pool creates the shared zmq context and loop thread, which live on by design
-    before, fds = set(os.listdir("/tmp")), open_fds()
+    # kernel directories go to a temp directory of this test's own (tests in other processes make theirs in /tmp)
+    tmp = tempfile.mkdtemp(prefix="replrl-pool-test-")
+    os.chmod(tmp, 0o711)  # a kernel dropped to its own uid must reach its directory inside
+    monkeypatch.setattr(tempfile, "tempdir", tmp)
+    fds = open_fds()
     for _ in range(2):
         with SyncKernelPool(size=2, limits=Limits(uid_base=UID_BASE + 15000)) as pool:
             with pool.acquire() as kernel:
                 assert kernel.execute("1", mode="single").output == "1\n"
-    leftover = {d for d in set(os.listdir("/tmp")) - before if d.startswith("replrl-kernel-")}
-    assert leftover == set()
+            assert any(name.startswith("replrl-kernel-") for name in os.listdir(tmp))  # the pool's kernels are here
+    assert os.listdir(tmp) == [], "a kernel directory outlived its pool"
+    os.rmdir(tmp)
     assert open_fds() <= fds, "pools leaked file descriptors (sockets, pidfds or logs)"
 
 
@@ -235,26 +242,40 @@ def test_two_host_processes_never_share_a_kernel_uid():
         import sys, time
         from sandbox import Limits, SyncKernelPool
         with SyncKernelPool(size=2, limits=Limits(uid_base={UID_BASE + 16000})) as pool:
-            uids = []
-            for _ in range(2):
-                with pool.acquire() as k:
-                    uids.append(int(k.execute("import os; print(os.getuid())").output))
-            print(*sorted(uids), flush=True)
-            sys.stdin.read()  # hold the kernels until the parent has started its own
+            with pool.acquire() as a, pool.acquire() as b:  # both held (a released kernel gives its uid back)
+                print(*(int(k.execute("import os; print(os.getuid())").output) for k in (a, b)), flush=True)
+                sys.stdin.read()  # hold them until the parent has checked its own
     """)
     proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         theirs = set(map(int, proc.stdout.readline().split()))
         assert len(theirs) == 2, "the child process did not start its kernels"
-        with SyncKernelPool(size=2, limits=limits) as pool:
-            ours = set()
-            for _ in range(2):
-                with pool.acquire() as k:
-                    ours.add(int(k.execute("import os; print(os.getuid())").output))
+        with SyncKernelPool(size=2, limits=limits) as pool, pool.acquire() as a, pool.acquire() as b:
+            ours = {int(k.execute("import os; print(os.getuid())").output) for k in (a, b)}
             assert len(ours) == 2 and not ours & theirs, (ours, theirs)
             assert all(limits.uid_base <= u < limits.uid_base + 20000 for u in ours | theirs)
     finally:
         proc.communicate("", timeout=60)
     st = os.stat(claims_dir())
     assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700  # no kernel uid can reach the claims
+
+
+@pytest.mark.skipif(not is_root(), reason="kernels get uids of their own only when the host is root")
+def test_a_claims_directory_someone_else_made_is_refused(tmp_path, monkeypatch):
+    """A kernel (another uid) that made the claims directory first could hold or forge claims: refused, not used."""
+    import tempfile
+
+    from sandbox import launch
+
+    monkeypatch.setattr(launch.os, "access", lambda *_: False)  # as on a host where /run is not writable
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / "replrl-uids"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, UID_BASE + 17000, UID_BASE + 17000)
+    with pytest.raises(RuntimeError, match="must be a directory of uid 0 with mode 0700"):
+        launch.next_uid(Limits(uid_base=UID_BASE + 17000))
+    os.chown(planted, 0, 0)
+    uid = launch.next_uid(Limits(uid_base=UID_BASE + 17000))
+    assert (planted / str(uid)).exists()
+    launch.release_uid(uid)
