@@ -30,11 +30,27 @@ def format_model_dir(tmp_path_factory) -> Path:
     return path
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Show the vLLM backend's own test run (it happens in a second environment, see test_vllm_env.py)."""
-    from tests.test_vllm_env import SUMMARY
+LONG_FIRST = ("test_vllm_env.py", "test_rollout.py", "test_learning.py", "test_notebooks.py", "test_multiprocess.py")
+"""Modules that take minutes, started first so that the two test processes (``-n 2``) finish together."""
 
-    if SUMMARY:
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Show the vLLM backend's own test run (it happens in a second environment, see test_vllm_env.py); under
+    pytest-xdist its lines come from the test's report (a property), not from this process."""
+    from tests.test_vllm_env import SUMMARY, SUMMARY_KEY
+
+    lines = list(SUMMARY)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, value in getattr(report, "user_properties", ()):
+                if key == SUMMARY_KEY and not lines:
+                    lines = list(value)
+    if lines:
         terminalreporter.section("vLLM backend tests (second environment)")
-        for line in SUMMARY:
+        for line in lines:
             terminalreporter.write_line(line)

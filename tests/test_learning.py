@@ -12,20 +12,14 @@ from __future__ import annotations
 import pytest
 
 from replrl.metrics import read_metrics
-from replrl.models import load_tokenizer, tiny_model
 from replrl.trainer import Trainer
 from tests.test_trainer import toy_config
-from tests.toy import teach_format
 
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_grpo_teaches_a_tiny_model_to_submit_the_right_value(tmp_path):
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    model = teach_format(tiny_model(tokenizer, seed=0), tokenizer)
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    cfg = toy_config(tmp_path / "model", max_steps=14, save_every=0, log_samples_every=0)
+def test_grpo_teaches_a_tiny_model_to_submit_the_right_value(format_model_dir, tmp_path):
+    cfg = toy_config(format_model_dir, max_steps=14, save_every=0, log_samples_every=0)
     cfg.task.options = {"digits": [3]}
     cfg.rollout.group_size, cfg.rollout.problems_per_step = 8, 2
     cfg.optim.lr = 2e-3

@@ -17,17 +17,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY: list[str] = []  # printed by conftest's pytest_terminal_summary
+SUMMARY_KEY = "vllm_env_summary"
 
 
 @pytest.mark.timeout(900)
-def test_vllm_backend_tests_pass_in_their_own_environment():
+def test_vllm_backend_tests_pass_in_their_own_environment(record_property):
     if os.environ.get("REPLRL_VLLM_TESTS", "1") == "0":
         pytest.skip("REPLRL_VLLM_TESTS=0: the vLLM backend's tests were not run")
-    argv = ["bash", str(ROOT / ".ci" / "vllm_env.sh"), "-q", "-m", "not slow", "-p", "no:cacheprovider"]
+    argv = ["bash", str(ROOT / ".ci" / "vllm_env.sh"), "-q", "-m", "not slow", "-p", "no:cacheprovider",
+            "-n", "0"]  # one process: the main suite runs beside it
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=880)
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
     SUMMARY.extend(ln for ln in lines if ln.startswith("vllm env:") or re.search(r"\d+ (passed|failed|skipped)", ln)
                    or ln.startswith(("SKIPPED", "FAILED", "ERROR")))
+    record_property(SUMMARY_KEY, list(SUMMARY))  # travels with the report to the main process under pytest-xdist
     if done.returncode != 0 and "vllm env: vllm" not in done.stdout:  # the environment itself could not be made
         pytest.skip(f"vllm could not be installed here: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
