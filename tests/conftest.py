@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from sandbox import Limits, SyncKernelPool
+THREAD_VARS: dict[str, str] = {}
+"""Thread counts this file set for the test process and what it starts (under pytest-xdist only)."""
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # Share the cores between the test processes instead of oversubscribing them: with torch's default (every core)
+    # in each process, OpenMP's spinning threads made a minute of tiny-model training take over five on 2 cores.
+    threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if var not in os.environ:
+            THREAD_VARS[var] = os.environ[var] = threads
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+from sandbox import Limits, SyncKernelPool  # noqa: E402  (after the thread settings above)
 
 
 @pytest.fixture(scope="session")
