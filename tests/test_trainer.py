@@ -226,8 +226,12 @@ def test_kl_reference_and_reused_batches_recompute_old_logprobs(format_model_dir
     cfg = toy_config(format_model_dir, max_steps=1, save_every=0)
     cfg.loss.kl_coef = 0.1
     cfg.optim.epochs, cfg.optim.minibatches, cfg.optim.micro_batch = 2, 2, 2
+    cfg.optim.gradient_checkpointing = True                            # the update recomputes layers (tests/test_loss)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
     assert trainer.ref_model is not None and not any(p.requires_grad for p in trainer.ref_model.parameters())
+    layers = trainer.accelerator.unwrap_model(trainer.model).model.layers
+    assert all(layer.gradient_checkpointing for layer in layers)
+    assert not any(getattr(layer, "gradient_checkpointing", False) for layer in trainer.ref_model.model.layers)
     trainer.train()
     (row,) = read_metrics(tmp_path / "run")
     assert row["optimizer_steps"] == 4                                # 2 epochs x 2 minibatches
