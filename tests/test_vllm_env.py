@@ -28,7 +28,8 @@ def test_vllm_backend_tests_pass_in_their_own_environment(record_property):
             "-n", "0"]  # one process: the main suite runs beside it
     from tests.conftest import THREAD_VARS
 
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}  # vLLM's CPU engine sizes its own threads
+    env = {k: v for k, v in os.environ.items()  # a plain pytest run: vLLM's CPU engine sizes its own threads
+           if k not in THREAD_VARS and not k.startswith("PYTEST_XDIST_")}
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=880, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
     SUMMARY.extend(ln for ln in lines if ln.startswith("vllm env:") or re.search(r"\d+ (passed|failed|skipped)", ln)
