@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 import torch
+from update_step import replrl_update  # bench/update_step.py: the trainer's update, as that bench times it
 
 from replrl.cli import run_script
-from replrl.loss import grpo_loss, token_logprobs_and_entropy
+from replrl.loss import token_logprobs
 from replrl.models import load_model_and_tokenizer
 from replrl.policy import enable_gradient_checkpointing
 from replrl.types import SamplingParams
@@ -59,16 +60,13 @@ def one(args: argparse.Namespace) -> dict[str, float]:
     batch = synthetic_batch(model.get_output_embeddings().weight.shape[0], args.micro_batch, args.tokens)
     sampling = SamplingParams(temperature=0.7)
     adv = batch["loss_mask"] * 0.5
+    with torch.no_grad():  # the sampler's log-probs: the policy's own, so the ratio starts at 1 (lr is tiny)
+        batch["old_logprobs"] = token_logprobs(model, batch["input_ids"], batch["attention_mask"], sampling,
+                                               loss_mask=batch["loss_mask"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
 
     def update() -> None:
-        logp, _ = token_logprobs_and_entropy(model, batch["input_ids"], batch["attention_mask"], sampling,
-                                             loss_mask=batch["loss_mask"])
-        loss, _ = grpo_loss(logp, logp.detach(), adv, batch["loss_mask"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        replrl_update(model, opt, batch, adv, None, sampling)
 
     update()                                                                # AdamW state now exists
     opt.zero_grad(set_to_none=True)
