@@ -177,7 +177,26 @@ def _load_run(variant: str, path: Path, index: int) -> RunData:
         record = json.loads((path / "sweep.json").read_text())
     except (OSError, json.JSONDecodeError):
         record = {}
-    return RunData(variant, _run_seed(path, index), path, read_metrics(path), record)
+    return RunData(variant, _run_seed(path, index), path, _fill_recomputed(read_metrics(path), path), record)
+
+
+def _fill_recomputed(rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """``rows`` with the held-out figures that the run's ``eval_figures.json`` has (recomputed from its transcripts
+    by ``bench/shaping_collect.py``, e.g. a measure added after the run was made) and the logged row of that
+    evaluation lacks. A logged value always wins."""
+    try:
+        figures = json.loads((path / "eval_figures.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return rows
+    for key, values in figures.items() if isinstance(figures, dict) else ():
+        kind, _, step = key.partition("@")
+        if not step.isdigit() or not isinstance(values, dict):
+            continue
+        logged = [r for r in rows if r.get("step") == int(step) and any(k.startswith(f"{kind}/") for k in r)]
+        if logged:  # the last row of that evaluation (a resumed run's repeated evaluation counts once, the last)
+            for name, value in values.items():
+                logged[-1].setdefault(f"{kind}/{name}", value)
+    return rows
 
 
 def _subdirs(path: Path) -> list[Path]:

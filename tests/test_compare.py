@@ -246,6 +246,24 @@ def test_final_value_takes_the_last_row_of_the_keys_kind() -> None:
     assert math.isnan(final_value([train], "eval/accuracy")) and math.isnan(train_mean(separate, "step_s"))
 
 
+def test_figures_recomputed_from_transcripts_fill_what_the_run_did_not_log(tmp_path: Path) -> None:
+    """A run made before a measure existed: bench/shaping_collect.py's eval_figures.json (recomputed from its
+    transcripts) fills the measure in; a value the run logged is never replaced."""
+    run = write_run(tmp_path / "sweep" / "base" / "seed0", 0, 0.5, 0.1, no_submit_steps=(), wall_s=1.0)
+    (run / "eval_figures.json").write_text(json.dumps({
+        "eval@4": {"block_syntax_error_frac": 0.25, "accuracy": 0.99},
+        "eval@0": {"block_syntax_error_frac": 0.75},
+        "transfer@4": {"accuracy": 0.6},  # no transfer evaluation was logged: nothing to fill
+        "bad": {"accuracy": 1.0}}))
+    _, table = compare(tmp_path / "sweep", out=tmp_path / "out")
+    runs = pd.DataFrame(table.attrs["runs"]).set_index(["variant", "seed"])
+    assert runs.loc[("base", 0), "block_syntax_error_frac"] == pytest.approx(0.25)  # step 4's, not step 0's
+    assert runs.loc[("base", 0), "accuracy"] == pytest.approx(0.5)                   # logged, kept
+    assert "transfer_accuracy" not in runs.columns
+    assert "| episodes that opened a block and hit a syntax error in it | 0.250 |" in (
+        tmp_path / "out" / "summary.md").read_text()
+
+
 def test_absent_values_are_gaps_not_bridged(synthetic: Path) -> None:
     fig, _ = compare(synthetic)
     by_title = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
