@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import shutil
 from pathlib import Path
@@ -28,6 +29,12 @@ TRANSCRIPT_FIELDS = ("step", "eval", "task", "row", "correct", "submitted", "ans
 
 def collect(sweep: Path, out: Path) -> list[Path]:
     copied = []
+    top = sweep / "sweep.json"
+    if top.exists():  # the sweep's variant order (the comparison's columns), without its machine's paths
+        record = json.loads(top.read_text())
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.json").write_text(json.dumps({k: record[k] for k in ("spec", "variants", "seeds")
+                                                    if k in record}, indent=1) + "\n")
     for run in sorted(p.parent for p in sweep.glob("*/seed*/sweep.json")):
         if read_record(run).get("status") != "done":
             continue  # still training (or failed): only finished runs are results
@@ -39,7 +46,9 @@ def collect(sweep: Path, out: Path) -> list[Path]:
         samples = run / "eval_samples.jsonl"
         if samples.exists():
             groups: dict[str, list[Trajectory]] = {}
-            with open(samples) as f, gzip.open(dest / "eval_transcripts.jsonl.gz", "wt") as g:
+            # mtime=0: the same transcripts give the same bytes, so collecting again changes no committed file
+            with open(samples) as f, gzip.GzipFile(dest / "eval_transcripts.jsonl.gz", "wb", mtime=0) as raw, \
+                    io.TextIOWrapper(raw, encoding="utf-8") as g:
                 for line in f:
                     row = json.loads(line)
                     g.write(json.dumps({k: row.get(k) for k in TRANSCRIPT_FIELDS}) + "\n")

@@ -417,6 +417,7 @@ class _Sweeper:
         if self.interrupted:
             return
         run.run_dir.mkdir(parents=True, exist_ok=True)
+        _mark_running(run, what)
         log_path = run.run_dir / "train.log"
         argv = [sys.executable, "-m", "replrl", *run.command(resume=what == "resume")[1:], "--no-progress"]
         with open(log_path, "a") as log:
@@ -456,12 +457,50 @@ class _Sweeper:
         return env
 
 
-def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bool) -> dict[str, Any]:
-    """Update ``RUN_DIR/sweep.json`` after an attempt: done when the run reached max_steps, or its time budget ended
-    it; interrupted when it stopped early on a signal; failed on a non-zero exit."""
+def _train_rows(run_dir: Path) -> list[dict[str, Any]]:
     from .metrics import read_metrics
 
-    rows = [r for r in read_metrics(run.run_dir) if "episodes" in r]  # training steps (not evaluations)
+    return [r for r in read_metrics(run_dir) if "episodes" in r]  # training steps (not evaluations)
+
+
+def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    path = run_dir / RUN_RECORD
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+
+
+def _mark_running(run: Run, what: str) -> None:
+    """Note in the run's record that an attempt is under way, so that an attempt killed along with the sweep (kill
+    -9, the end of a session, a machine that went away) still counts in the run's wall-clock: the next attempt
+    records it as lost, lasting until the run last wrote its log or metrics."""
+    record = read_record(run.run_dir)
+    lost = _lost_attempt(record, run.run_dir)
+    if lost:
+        record.setdefault("attempts", []).append(lost)
+        record["wall_s"] = round(sum(a.get("wall_s", 0.0) for a in record["attempts"]), 2)
+    record["running"] = {"action": what, "started": time.time()}
+    _write_record(run.run_dir, record)
+
+
+def _lost_attempt(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """The attempt an earlier sweep started and never recorded (it was killed with it), popped from ``record``."""
+    marker = record.pop("running", None)
+    if not isinstance(marker, dict) or not isinstance(marker.get("started"), (int, float)):
+        return None
+    written = [p.stat().st_mtime for p in (run_dir / "train.log", run_dir / "metrics.jsonl") if p.exists()]
+    last = max([marker["started"], *written])
+    return {"action": marker.get("action", "start"), "returncode": None, "lost": True,
+            "wall_s": round(last - marker["started"], 2),
+            "steps_after": max((r["step"] for r in _train_rows(run_dir)), default=0),
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(last))}
+
+
+def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bool) -> dict[str, Any]:
+    """Update ``RUN_DIR/sweep.json`` after an attempt: done when the run reached max_steps, or its time budget ended
+    it; interrupted when it stopped early on a signal; failed on a non-zero exit. The wall-clock is the sum over the
+    run's attempts since its last start, lost ones included."""
+    rows = _train_rows(run.run_dir)
     steps = max((r["step"] for r in rows), default=0)
     r = run.cfg.run
     if interrupted and (code != 0 or steps < r.max_steps):
@@ -478,12 +517,9 @@ def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bo
                      "ended": time.strftime("%Y-%m-%dT%H:%M:%S")})
     record = {"variant": run.variant, "seed": run.seed, "status": status, "steps": steps,
               "episodes": sum(int(r.get("episodes", 0)) for r in rows), "max_steps": r.max_steps,
-              "time_budget_min": r.time_budget_min, "wall_s": round(sum(a["wall_s"] for a in attempts), 2),
+              "time_budget_min": r.time_budget_min, "wall_s": round(sum(a.get("wall_s", 0.0) for a in attempts), 2),
               "command": shlex.join(run.command()), "attempts": attempts}
-    path = run.run_dir / RUN_RECORD
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    _write_record(run.run_dir, record)
     return record
 
 

@@ -4,6 +4,7 @@ kernels), skipped when finished, resumed when interrupted; --print; and one-line
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -71,9 +72,14 @@ def test_rerun_skips_finished_runs_resumes_an_interrupted_one_and_reports_failur
         tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out, _ = smoke_sweep_dir(tmp_path_factory)
     # A sweep killed while no_syntax_penalty/seed1 was between its checkpoints: its last complete checkpoint is
-    # step 1, and the sweep never recorded its end (kill -9 leaves exactly this).
+    # step 1, and the sweep never recorded the attempt's end, only that it began (kill -9 leaves exactly this).
     victim = out / "no_syntax_penalty" / "seed1"
-    (victim / "sweep.json").unlink()
+    first = json.loads((victim / "sweep.json").read_text())["attempts"][0]
+    began = time.time() - 1000
+    (victim / "sweep.json").write_text(json.dumps({"status": "interrupted", "attempts": [first],
+                                                   "running": {"action": "resume", "started": began}}))
+    for name in ("train.log", "metrics.jsonl"):  # the killed attempt last wrote 400 s after it began
+        os.utime(victim / name, (began + 400, began + 400 - 60 * (name == "metrics.jsonl")))
     shutil.rmtree(victim / "checkpoints" / "step-000002")
     (victim / "checkpoints" / "LATEST").write_text("step-000001")
     # Seed 1 of the same sweep, plus a variant whose run fails (a model that does not exist): the others still run.
@@ -97,7 +103,11 @@ def test_rerun_skips_finished_runs_resumes_an_interrupted_one_and_reports_failur
     # the resumed run continued at step 2: one series, no repeated steps
     assert train_steps(victim) == [1, 2] and eval_steps(victim) == [0, 2]
     record = json.loads((victim / "sweep.json").read_text())
-    assert record["status"] == "done" and [a["action"] for a in record["attempts"]] == ["resume"]
+    assert record["status"] == "done" and [a["action"] for a in record["attempts"]] == ["start", "resume", "resume"]
+    lost, last = record["attempts"][1:]
+    assert lost["lost"] and lost["returncode"] is None and lost["wall_s"] == pytest.approx(400, abs=1)
+    assert "lost" not in last and last["returncode"] == 0 and "running" not in record
+    assert record["wall_s"] == pytest.approx(first["wall_s"] + 400 + last["wall_s"], abs=1)  # every attempt counted
     # once more, with the example spec: every run is done, nothing starts
     t0 = time.monotonic()
     assert main(["sweep", str(SPEC), "--out", str(out), "--parallel", "2"]) == 0
@@ -145,6 +155,12 @@ def test_collected_results_let_a_sweep_go_on_in_a_fresh_directory(tmp_path: Path
     results, fresh = tmp_path / "results", tmp_path / "fresh"
     collected = collect_script.collect(out, results)
     assert sorted(str(p.relative_to(results)) for p in collected) == sorted(RUNS)
+    # the sweep's variant order goes along (the comparison's column order), its machine's paths do not
+    order = json.loads((results / "sweep.json").read_text())
+    assert order["variants"] == json.loads((out / "sweep.json").read_text())["variants"] and "runs" not in order
+    gz = [(run / "eval_transcripts.jsonl.gz").read_bytes() for run in collected]
+    collect_script.collect(out, results)
+    assert [(run / "eval_transcripts.jsonl.gz").read_bytes() for run in collected] == gz  # same bytes again
     for run in collected:
         figures = json.loads((run / "eval_figures.json").read_text())
         assert figures["eval@2"]["episodes"] > 0 and (run / "eval_transcripts.jsonl.gz").stat().st_size > 0
