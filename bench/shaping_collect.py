@@ -58,8 +58,50 @@ def collect(sweep: Path, out: Path) -> list[Path]:
             # run was made included, e.g. block_syntax_error_frac)
             figures = {key: {k: round(v, 6) for k, v in summarize(trajs).items()} for key, trajs in groups.items()}
             (dest / "eval_figures.json").write_text(json.dumps(figures, indent=1))
+        if (dest / "eval_transcripts.jsonl.gz").exists():
+            add_transcript_figures(dest)
         copied.append(dest)
     return copied
+
+
+BANNER_END = "for more information.\n"
+HEADER_EXAMPLE = ">>> total = sum(i * i for i in range("
+"""The first line of the worked example in the programs task's header (``replrl/tasks/programs.py``)."""
+
+
+def looked_at_value(session: list[str]) -> bool:
+    """Whether a statement other than ``submit(...)`` printed something (a value, a print) before the episode ended:
+    a prompt line followed by a line that is neither a prompt nor part of a traceback."""
+    for line, after in zip(session, session[1:]):
+        if line.startswith(">>> submit(") or not line.startswith((">>> ", "...")):
+            continue
+        if after and after != "..." and not after.startswith((">>> ", "... ", "Traceback", "  File")):
+            return True
+    return False
+
+
+def transcript_figures(texts: list[str]) -> dict[str, float]:
+    """Figures read from the episodes' text (so they exist for every collected run, restored ones included):
+    ``looked_at_value_frac`` and ``header_example_first_frac`` (episodes whose first line is the header's example)."""
+    sessions = [text.split(BANNER_END, 1)[-1].splitlines() for text in texts]
+    first = [next((ln for ln in s if ln.startswith(">>> ")), "") for s in sessions]
+    n = max(len(texts), 1)
+    return {"looked_at_value_frac": round(sum(map(looked_at_value, sessions)) / n, 6),
+            "header_example_first_frac": round(sum(ln.startswith(HEADER_EXAMPLE) for ln in first) / n, 6)}
+
+
+def add_transcript_figures(run: Path) -> None:
+    """Merge :func:`transcript_figures` of each evaluation into the run's eval_figures.json."""
+    texts: dict[str, list[str]] = {}
+    with gzip.open(run / "eval_transcripts.jsonl.gz", "rt") as f:
+        for line in f:
+            row = json.loads(line)
+            texts.setdefault(f"{row['eval']}@{row['step']}", []).append(row["text"])
+    path = run / "eval_figures.json"
+    figures = json.loads(path.read_text()) if path.exists() else {}
+    for key, group in texts.items():
+        figures.setdefault(key, {}).update(transcript_figures(group))
+    path.write_text(json.dumps(figures, indent=1))
 
 
 def restore(out: Path, sweep: Path) -> list[Path]:

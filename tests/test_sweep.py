@@ -164,11 +164,32 @@ def test_collected_results_let_a_sweep_go_on_in_a_fresh_directory(tmp_path: Path
     for run in collected:
         figures = json.loads((run / "eval_figures.json").read_text())
         assert figures["eval@2"]["episodes"] > 0 and (run / "eval_transcripts.jsonl.gz").stat().st_size > 0
+        assert 0 <= figures["eval@2"]["looked_at_value_frac"] <= 1 and "header_example_first_frac" in figures["eval@0"]
     assert sorted(str(p.relative_to(fresh)) for p in collect_script.restore(results, fresh)) == sorted(RUNS)
     assert collect_script.restore(results, fresh) == []      # runs already there are left alone
     lines, done = print_commands(SPEC, fresh)
     assert lines == [] and len(done) == 4                     # nothing to train again
     assert read_metrics(fresh / RUNS[0]) == read_metrics(out / RUNS[0])
+
+
+def test_transcript_figures_read_the_session_after_the_banner() -> None:
+    """The figures bench/shaping_collect.py reads from episode text: a value looked at (not the submit line, not a
+    traceback), and the header's worked example as the first line (the prompt's own copy of it does not count)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shaping_collect", ROOT / "bench" / "shaping_collect.py")
+    collect_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collect_script)
+    prompt = ("Example:\n>>> total = sum(i * i for i in range(1, 11))\n>>> total\n385\nPython 3.11\n"
+              "Type ... for more information.\n")
+    looked = prompt + ">>> x = 6 * 7\n>>> x\n42\n>>> submit(x)\n"
+    ritual = prompt + ">>> total = sum(i * i for i in range(3, 9))\n>>> submit(total)\n"
+    block = prompt + ">>> for i in range(2):\n...     print(i)\n... \n0\n1\n>>> submit(1)\n"
+    failed = prompt + ">>> 1 / 0\nTraceback (most recent call last):\n  File \"<stdin>\", line 1, in <module>\n" \
+        "ZeroDivisionError: division by zero\n>>> x y\n  File \"<stdin>\", line 1\n    x y\n    ^\n" \
+        "SyntaxError: invalid syntax\n>>> submit(0)\n"
+    assert collect_script.transcript_figures([looked, ritual, block, failed]) == {
+        "looked_at_value_frac": 0.5, "header_example_first_frac": 0.25}
 
 
 def test_override_forms_and_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
