@@ -29,6 +29,7 @@ at a time per output directory: nothing locks it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -379,7 +380,7 @@ class _Sweeper:
                 self._report(run, f"skipped ({why})")
             else:
                 todo.append((run, what, why))
-        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+        with _terminate_like_ctrl_c(), ThreadPoolExecutor(max_workers=self.parallel) as pool:
             futures = [pool.submit(self._attempt, run, what, why) for run, what, why in todo]
             try:
                 for future in as_completed(futures):
@@ -494,6 +495,25 @@ def _lost_attempt(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | Non
             "wall_s": round(last - marker["started"], 2),
             "steps_after": max((r["step"] for r in _train_rows(run_dir)), default=0),
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(last))}
+
+
+@contextlib.contextmanager
+def _terminate_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM (``kill PID``, a scheduler's notice, the end of a session) stops the sweep the way Ctrl-C does: each
+    running trainer finishes its step, saves and exits, and the sweep records it. Signal handlers live in the main
+    thread, so a sweep run from another thread keeps SIGTERM's own action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bool) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -170,6 +171,30 @@ def test_collected_results_let_a_sweep_go_on_in_a_fresh_directory(tmp_path: Path
     lines, done = print_commands(SPEC, fresh)
     assert lines == [] and len(done) == 4                     # nothing to train again
     assert read_metrics(fresh / RUNS[0]) == read_metrics(out / RUNS[0])
+
+
+def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path: Path) -> None:
+    """`kill PID` (a scheduler's notice, the end of a session): the running trainer finishes its step, saves and
+    exits; the sweep records the run as interrupted and exits 130. Running the sweep again resumes it."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "replrl", "sweep", str(SPEC), "--out", str(out), "--steps", "200",
+            "--set", "run.eval_n=0"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = out / "base" / "seed0"
+    deadline = time.monotonic() + 240
+    while not train_steps(run) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)  # the first run has trained a step
+    assert train_steps(run), "no training step within 4 minutes"
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 130 and "interrupted" in stderr, (stdout, stderr)
+    record = json.loads((run / "sweep.json").read_text())
+    steps = train_steps(run)
+    assert record["status"] == "interrupted" and record["steps"] == steps[-1] < 200 and "running" not in record
+    assert (run / "checkpoints" / f"step-{steps[-1]:06d}").is_dir()  # it saved the step it was on
+    assert not (out / "no_syntax_penalty" / "seed0").exists()         # and nothing else started
+    stray = subprocess.run(["pgrep", "-f", f"--run-dir={run}"], capture_output=True, text=True).stdout
+    assert stray == "", f"a trainer outlived the sweep: {stray}"
 
 
 def test_transcript_figures_read_the_session_after_the_banner() -> None:
