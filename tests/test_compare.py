@@ -1,5 +1,6 @@
 """`replrl compare` and `replrl plot`: the table's numbers against hand-computed ones on run directories written here,
-gaps where a metric is absent (never a line across them), and one comparison of a real sweep's output."""
+gaps where a metric is absent (never a line across them). The comparison of a real sweep's output is in
+tests/test_sweep.py, beside the sweep it reads."""
 
 from __future__ import annotations
 
@@ -312,21 +313,6 @@ def test_compare_cli(synthetic: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
-
-
-def test_compare_a_real_sweep(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The smoke sweep's own output (run once per test session, shared with tests/test_sweep.py)."""
-    from tests.test_sweep import smoke_sweep_dir
-
-    out, _ = smoke_sweep_dir(tmp_path_factory)
-    fig, table = compare(out, out=tmp_path / "cmp")
-    assert list(table.variant) == ["base", "no_syntax_penalty"] and list(table.seeds) == [2, 2]
-    runs = pd.DataFrame(table.attrs["runs"])
-    assert set(runs.steps) == {2} and (runs.wall_s > 0).all() and (runs.episodes == 4).all()
-    assert table.accuracy_pairs.iloc[1] == 2 and not np.isnan(table.accuracy_mean).any()
-    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
-    assert "held-out accuracy" in titles and "reward/no_submit (mean per episode)" in titles
-    assert (tmp_path / "cmp" / "compare.png").exists()
 
 
 def test_transfer_rows_at_a_training_step_leave_the_training_curves_whole() -> None:

@@ -69,6 +69,25 @@ def test_sweep_trains_every_variant_and_seed(tmp_path_factory: pytest.TempPathFa
     assert json.loads((out / "sweep.json").read_text())["variants"] == ["base", "no_syntax_penalty"]
 
 
+def test_compare_a_real_sweep(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`replrl compare` on the smoke sweep's own output (here, not in test_compare.py: the sweep is made once per
+    test process, and pytest-xdist gives each test module one process)."""
+    import numpy as np
+    import pandas as pd
+
+    from replrl.compare import compare
+
+    out, _ = smoke_sweep_dir(tmp_path_factory)
+    fig, table = compare(out, out=tmp_path / "cmp")
+    assert list(table.variant) == ["base", "no_syntax_penalty"] and list(table.seeds) == [2, 2]
+    runs = pd.DataFrame(table.attrs["runs"])
+    assert set(runs.steps) == {2} and (runs.wall_s > 0).all() and (runs.episodes == 4).all()
+    assert table.accuracy_pairs.iloc[1] == 2 and not np.isnan(table.accuracy_mean).any()
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert "held-out accuracy" in titles and "reward/no_submit (mean per episode)" in titles
+    assert (tmp_path / "cmp" / "compare.png").exists()
+
+
 def test_rerun_skips_finished_runs_resumes_an_interrupted_one_and_reports_failures(
         tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out, _ = smoke_sweep_dir(tmp_path_factory)
