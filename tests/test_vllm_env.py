@@ -1,7 +1,7 @@
 """The vLLM backend's tests, run by the main test command in their own environment.
 
 vLLM's CPU build pins torch 2.13.0+cpu and transformers<5.20, so its tests (tests/test_backend_vllm.py) run in a
-second environment that `.ci/vllm_env.sh` creates once (.venv-vllm, about 4 GB, ~2 minutes) and reuses. Their
+second environment that `.ci/vllm_env.sh` creates once (.venv-vllm, about 2.5 GB, ~2 minutes) and reuses. Their
 pytest summary is printed at the end of this session's report, so CI's log shows them running. Set
 REPLRL_VLLM_TESTS=0 to skip them (the reason is printed).
 """
