@@ -38,6 +38,16 @@ def smoke_sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, lis
     return _SMOKE["out"], _SMOKE["lines"]
 
 
+def load_collect_script():
+    """bench/shaping_collect.py as a module (bench/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shaping_collect", ROOT / "bench" / "shaping_collect.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_metrics(run_dir) if "episodes" in r]
 
@@ -166,11 +176,7 @@ def test_collected_results_let_a_sweep_go_on_in_a_fresh_directory(tmp_path: Path
                                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
     """bench/shaping_collect.py keeps each finished run's config, metrics, sweep record, held-out transcripts and
     figures; --restore puts the records into a fresh sweep directory (another machine), where the sweep skips them."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("shaping_collect", ROOT / "bench" / "shaping_collect.py")
-    collect_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(collect_script)
+    collect_script = load_collect_script()
     out, _ = smoke_sweep_dir(tmp_path_factory)
     results, fresh = tmp_path / "results", tmp_path / "fresh"
     collected = collect_script.collect(out, results)
@@ -219,11 +225,7 @@ def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path: Path) -> None:
 def test_transcript_figures_read_the_session_after_the_banner() -> None:
     """The figures bench/shaping_collect.py reads from episode text: a value looked at (not the submit line, not a
     traceback), and the header's worked example as the first line (the prompt's own copy of it does not count)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("shaping_collect", ROOT / "bench" / "shaping_collect.py")
-    collect_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(collect_script)
+    collect_script = load_collect_script()
     prompt = ("Example:\n>>> total = sum(i * i for i in range(1, 11))\n>>> total\n385\nPython 3.11\n"
               "Type ... for more information.\n")
     looked = prompt + ">>> x = 6 * 7\n>>> x\n42\n>>> submit(x)\n"
