@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from sandbox import KernelStartError, SandboxUnavailable
+from sandbox.errors import KernelStartError, SandboxUnavailable
 
 from . import __version__, cli_env, cli_repl, cli_rollout, cli_sweep, cli_train
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
-from sandbox import Kernel, Limits, run_sync
-from sandbox.sync import loop_thread
+from sandbox.limits import Limits  # light; the kernel machinery is imported when the REPL starts
 
-from .repl import PS1, ReplSession
+if TYPE_CHECKING:
+    from .repl import ReplSession
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sandbox import Kernel, run_sync
+
+    from .repl import ReplSession
+
     limits = Limits(wall_s=args.wall_s, isolation=args.isolation, network=args.network)
     tools = [t for t in args.tools.split(",") if t]
     kernel = Kernel(limits, tools)
@@ -42,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _piped(session: ReplSession) -> int:
+    from sandbox import run_sync
+
     out = sys.stdout
     out.write(session.transcript)
     for raw in sys.stdin:
@@ -53,6 +60,11 @@ def _piped(session: ReplSession) -> int:
 
 
 def _interactive(session: ReplSession) -> int:
+    from sandbox import run_sync
+    from sandbox.sync import loop_thread
+
+    from .repl import PS1
+
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:

@@ -74,8 +74,6 @@ def _default_run_dir(cfg: Config) -> Path:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from .trainer import Trainer
-
     overrides = overrides_from_args(args)
     if args.max_steps is not None:
         overrides.setdefault("run", {})["max_steps"] = args.max_steps
@@ -93,6 +91,8 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         cfg = resolve(Config, args.config, overrides)
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    from .trainer import Trainer  # torch, transformers, the sandbox: after the config is known to be valid
+
     trainer = Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress)
     trainer.train()
     print(trainer.summary())

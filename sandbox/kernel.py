@@ -30,6 +30,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session
 
+from .errors import KernelStartError
 from .launch import kill_uid, launch_spec, release_uid
 from .limits import Limits
 from .result import ExecResult, ToolCall
@@ -37,10 +38,6 @@ from .result import ExecResult, ToolCall
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
-
-
-class KernelStartError(RuntimeError):
-    """The kernel process could not be started (the message includes the tail of its log)."""
 
 
 class KernelProcess:

@@ -9,12 +9,10 @@ import subprocess
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import SandboxUnavailable
+
 Isolation = Literal["auto", "bwrap", "unshare", "rlimits"]
 LEVELS = ("bwrap", "unshare", "rlimits")  # strongest first
-
-
-class SandboxUnavailable(RuntimeError):
-    """The isolation asked for cannot be provided on this machine."""
 
 
 @dataclass(frozen=True)
