@@ -16,6 +16,7 @@ import argparse
 import gzip
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -67,6 +68,7 @@ def collect(sweep: Path, out: Path) -> list[Path]:
 BANNER_END = "for more information.\n"
 HEADER_EXAMPLE = ">>> total = sum(i * i for i in range("
 """The first line of the worked example in the programs task's header (``replrl/tasks/programs.py``)."""
+IMPORT = re.compile(r">>> (import|from) [\w.]+")
 
 
 def looked_at_value(session: list[str]) -> bool:
@@ -82,12 +84,16 @@ def looked_at_value(session: list[str]) -> bool:
 
 def transcript_figures(texts: list[str]) -> dict[str, float]:
     """Figures read from the episodes' text (so they exist for every collected run, restored ones included):
-    ``looked_at_value_frac`` and ``header_example_first_frac`` (episodes whose first line is the header's example)."""
+    ``looked_at_value_frac``, ``header_example_first_frac`` (episodes whose first line is the header's example) and
+    ``imports_per_episode`` (statements ``import m`` / ``from m import ...`` typed at the prompt: the cheapest way to
+    earn the ``used_later`` bonus is to import a module and name it in a later line)."""
     sessions = [text.split(BANNER_END, 1)[-1].splitlines() for text in texts]
     first = [next((ln for ln in s if ln.startswith(">>> ")), "") for s in sessions]
+    imports = sum(bool(IMPORT.match(ln)) for s in sessions for ln in s)
     n = max(len(texts), 1)
     return {"looked_at_value_frac": round(sum(map(looked_at_value, sessions)) / n, 6),
-            "header_example_first_frac": round(sum(ln.startswith(HEADER_EXAMPLE) for ln in first) / n, 6)}
+            "header_example_first_frac": round(sum(ln.startswith(HEADER_EXAMPLE) for ln in first) / n, 6),
+            "imports_per_episode": round(imports / n, 6)}
 
 
 def add_transcript_figures(run: Path) -> None:

@@ -224,18 +224,20 @@ def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path: Path) -> None:
 
 def test_transcript_figures_read_the_session_after_the_banner() -> None:
     """The figures bench/shaping_collect.py reads from episode text: a value looked at (not the submit line, not a
-    traceback), and the header's worked example as the first line (the prompt's own copy of it does not count)."""
+    traceback), the header's worked example as the first line (the prompt's own copy of it does not count), and the
+    import statements typed at the prompt (one inside a block is not counted)."""
     collect_script = load_collect_script()
     prompt = ("Example:\n>>> total = sum(i * i for i in range(1, 11))\n>>> total\n385\nPython 3.11\n"
               "Type ... for more information.\n")
     looked = prompt + ">>> x = 6 * 7\n>>> x\n42\n>>> submit(x)\n"
     ritual = prompt + ">>> total = sum(i * i for i in range(3, 9))\n>>> submit(total)\n"
-    block = prompt + ">>> for i in range(2):\n...     print(i)\n... \n0\n1\n>>> submit(1)\n"
+    block = prompt + ">>> import math\n>>> from os import path\n>>> for i in range(2):\n...     import sys\n" \
+        "...     print(i)\n... \n0\n1\n>>> submit(1)\n"
     failed = prompt + ">>> 1 / 0\nTraceback (most recent call last):\n  File \"<stdin>\", line 1, in <module>\n" \
         "ZeroDivisionError: division by zero\n>>> x y\n  File \"<stdin>\", line 1\n    x y\n    ^\n" \
         "SyntaxError: invalid syntax\n>>> submit(0)\n"
     assert collect_script.transcript_figures([looked, ritual, block, failed]) == {
-        "looked_at_value_frac": 0.5, "header_example_first_frac": 0.25}
+        "looked_at_value_frac": 0.5, "header_example_first_frac": 0.25, "imports_per_episode": 0.5}
 
 
 def test_override_forms_and_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
