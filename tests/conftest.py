@@ -45,9 +45,9 @@ def format_model_dir(tmp_path_factory) -> Path:
 
 
 LONG_FIRST = ("test_vllm_env.py", "test_rollout.py", "test_learning.py", "test_notebooks.py", "test_multiprocess.py")
-"""Modules that take minutes, started first so that the two test processes (``-n 2``) finish together. (Longest
-first by measured time, test_sweep and test_trainer included, ran in 12 min 8 s but test_learning's run collapsed
-in its last steps once there; this order passed every time it ran.)"""
+"""Modules that take minutes, started first so that the two test processes (``-n 2``) finish together. (A
+longest-first order by measured time, test_sweep and test_trainer included, ran in 12 min 8 s once, when
+test_learning's run collapsed there: that was the test's learning rate, since halved, not the order.)"""
 
 
 def pytest_collection_modifyitems(items):
