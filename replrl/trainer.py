@@ -235,8 +235,13 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self._on_sigint)
+        # Ctrl-C, and in a single process SIGTERM (`kill PID`, a scheduler's notice), finish the step and save. Under
+        # several ranks SIGTERM keeps its own action: torchrun sends it when a rank dies, and a rank that went on to
+        # finish its step would wait for the dead one.
+        stops = (signal.SIGINT, signal.SIGTERM) if self.world == 1 else (signal.SIGINT,)
+        previous = {sig: signal.getsignal(sig) for sig in stops}
+        for sig in stops:
+            signal.signal(sig, self._on_sigint)
         bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not (self.progress and self.main), dynamic_ncols=True)
         local_problems = -(-cfg.rollout.problems_per_step // self.world)
@@ -277,7 +282,8 @@ class Trainer:
         finally:
             bar.close()
             run_sync(pool.close())
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self.metrics.close()
         if self.step and self.main:
             from .plot import plot_run
@@ -331,10 +337,11 @@ class Trainer:
         return "\n".join(lines)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self._stop:  # a second Ctrl-C: stop now (the last checkpoint stays intact)
+        if self._stop:  # a second Ctrl-C (or SIGTERM): stop now (the last checkpoint stays intact, sandboxes close)
             raise KeyboardInterrupt
         self._stop = True
-        log.warning("Ctrl-C: finishing this step, saving a checkpoint, then exiting (Ctrl-C again to abort)")
+        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        log.warning("%s: finishing this step, saving a checkpoint, then exiting (again to abort)", what)
 
     def train_step(self, pool: KernelPool) -> StepResult:
         cfg, t_step = self.cfg, time.perf_counter()

@@ -184,20 +184,28 @@ def test_unknown_key_in_a_config_file_and_a_dataset_without_the_field(tmp_path):
     assert proc.returncode == 1 and "no field 'question'" in proc.stderr, proc.stderr
 
 
-def test_ctrl_c_finishes_the_step_saves_and_exits_0(tmp_path):
-    run = tmp_path / "run"
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, sig):
+    """Ctrl-C or SIGTERM (`kill PID`): the step in flight finishes, a checkpoint is saved, the sandboxes close (their
+    directories are gone: a SIGTERM used to kill the trainer on the spot and leave one per kernel in /tmp)."""
+    run, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "replrl.cli", "train", SMOKE, "--run-dir", str(run),
                              "--run.max_steps", "50", "--run.save_every", "0", "--no-progress"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.time() + 240
     while not read_metrics(run) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    assert list(tmp.glob("replrl-kernel-*")), "the run's kernels keep their directories in TMPDIR"
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
+    assert ("Ctrl-C" if sig == signal.SIGINT else "SIGTERM") + ": finishing this step" in err, err
     steps = [r["step"] for r in read_metrics(run)]
     assert 1 <= len(steps) < 50
     assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == steps[-1]
+    assert not list(tmp.glob("replrl-kernel-*")), "a sandbox's directory was left behind"
 
 
 def test_eval_and_plot_commands_on_a_run(format_model_dir, tmp_path):
