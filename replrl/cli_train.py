@@ -24,8 +24,8 @@ Every option below can be set in a TOML file ([section] key = value) or on the c
 VALUE); the resolved config is saved as RUN_DIR/config.toml. Several processes: accelerate launch --multi_gpu
 --num_processes N -m replrl train ... (also on a CPU machine), or torchrun.
 
-Ctrl-C (or SIGTERM, in a single process) finishes the current step, saves a checkpoint and exits 0. `replrl train --resume RUN_DIR` continues a run
-at its next step (its metrics continue the same file).
+Ctrl-C (or SIGTERM, in a single process) finishes the current step, saves a checkpoint and exits 0.
+`replrl train --resume RUN_DIR` continues a run at its next step (its metrics continue the same file).
 
 examples:
   replrl train                                   # the default run: offline, CPU, ~16 minutes
