@@ -18,10 +18,8 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -31,6 +29,7 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from .errors import KernelStartError
+from .kernel_dirs import make_kernel_dir, remove_kernel_dir
 from .launch import kill_uid, launch_spec, release_uid
 from .limits import Limits
 from .result import ExecResult, ToolCall
@@ -46,7 +45,7 @@ class KernelProcess:
     def __init__(self, limits: Limits, level: str):
         self.limits = limits
         self.level = level
-        self.kdir = tempfile.mkdtemp(prefix="replrl-kernel-")
+        self.kdir, self._kdir_lock = make_kernel_dir()
         self.dead = asyncio.get_running_loop().create_future()
         self.pending: dict[str, asyncio.Future] = {}
         self.proc: subprocess.Popen | None = None
@@ -174,7 +173,7 @@ class KernelProcess:
         self.pending.clear()
         if hasattr(self, "_log"):
             self._log.close()
-        shutil.rmtree(self.kdir, ignore_errors=True)
+        remove_kernel_dir(self.kdir, self._kdir_lock)
 
 
 Spawner = Callable[[], Awaitable[KernelProcess]]

@@ -279,3 +279,65 @@ def test_a_claims_directory_someone_else_made_is_refused(tmp_path, monkeypatch):
     uid = launch.next_uid(Limits(uid_base=UID_BASE + 17000))
     assert (planted / str(uid)).exists()
     launch.release_uid(uid)
+
+
+def test_a_killed_hosts_kernel_directories_are_removed_by_the_next_host(tmp_path):
+    """A host killed with SIGKILL (the OOM killer) removes nothing: the next host's first kernel removes the kernel
+    directories whose host is dead, and leaves a live host's alone (a dead host's lock is free, a live one's held)."""
+    import signal
+    import subprocess
+    import sys
+
+    os.chmod(tmp_path, 0o711)  # a kernel dropped to its own uid must reach its directory inside
+    child = textwrap.dedent(f"""
+        import sys
+        from sandbox import Limits, SyncKernel
+        with SyncKernel(Limits(uid_base={UID_BASE + 18000})) as k:
+            print(k.execute("1", mode="single").output, end="", flush=True)
+            sys.stdin.read()
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def host() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, cwd=repo, env={**os.environ, "TMPDIR": str(tmp_path)})
+        assert proc.stdout.readline() == "1\n", "the host did not start its kernel"
+        return proc
+
+    def kernel_dirs() -> set[str]:
+        return {p.name for p in tmp_path.glob("replrl-kernel-*") if p.is_dir()}
+
+    dead = host()
+    dead_dirs = kernel_dirs()
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(timeout=30)
+    assert len(dead_dirs) == 1 and kernel_dirs() == dead_dirs, "SIGKILL left the directory (nothing can remove it)"
+    live = host()
+    try:
+        live_dirs = kernel_dirs()
+        assert len(live_dirs) == 1 and not live_dirs & dead_dirs, "the dead host's directory was not removed"
+        third = host()
+        try:
+            assert live_dirs <= kernel_dirs(), "a live host's kernel directory was removed"
+            assert len(kernel_dirs()) == 2
+        finally:
+            third.communicate("", timeout=60)
+    finally:
+        live.communicate("", timeout=60)
+    assert os.listdir(tmp_path) == [], "a directory or lock outlived its kernel"
+
+
+@pytest.mark.skipif(not is_root(), reason="a lock of another uid needs a root host to make")
+def test_only_this_users_free_locks_are_reaped(tmp_path):
+    """A kernel at the rlimits level sees the temp directory: a lock it plants (its own uid) must not make the host
+    delete anything, and a directory without a lock (an older version's) is left alone."""
+    from sandbox.kernel_dirs import reap_stale_kernel_dirs
+
+    for name, owner in (("forged", UID_BASE + 18001), ("stale", os.geteuid())):
+        (tmp_path / f"replrl-kernel-{name}").mkdir()
+        (tmp_path / f"replrl-kernel-{name}" / "kernel.log").write_text("x")
+        (tmp_path / f"replrl-kernel-{name}.lock").touch()
+        os.chown(tmp_path / f"replrl-kernel-{name}.lock", owner, owner)
+    (tmp_path / "replrl-kernel-old").mkdir()
+    assert reap_stale_kernel_dirs(str(tmp_path)) == [str(tmp_path / "replrl-kernel-stale")]
+    assert sorted(os.listdir(tmp_path)) == ["replrl-kernel-forged", "replrl-kernel-forged.lock", "replrl-kernel-old"]
