@@ -132,10 +132,10 @@ class RewardConfig:
         "syntax_error": -0.3, "exception": -0.1, "timeout": -0.2, "crash": -0.5, "repeat_line": -0.1,
     })
     """Weight of every reward term: per line (syntax_error, exception, timeout, crash, repeat_line, the worked
-    examples late_line, used_later, ran_and_printed, or a user's term as module:function or path/file.py:function)
-    and final (correct, wrong, no_submit). 0 switches a term off. A weight is a number or a schedule over training
-    steps: {start, end, steps} (linear; shape = "cosine" too), {start, end, at, shape = "step"}, {value}; a table
-    may also name the term's gate."""
+    examples late_line, used_later, computed_used_later, ran_and_printed, or a user's term as module:function or
+    path/file.py:function) and final (correct, wrong, no_submit). 0 switches a term off. A weight is a number or a
+    schedule over training steps: {start, end, steps} (linear; shape = "cosine" too), {start, end, at, shape =
+    "step"}, {value}; a table may also name the term's gate."""
     gates: dict[str, str] = field(default_factory=dict)
     """Per line term: always (the default), correct (only on episodes whose answer is correct) or wrong (only on
     wrong or unsubmitted ones), e.g. {syntax_error = "wrong"}. A gated-off term is recorded as 0 on the lines."""

@@ -118,6 +118,18 @@ def used_later(line: Line, traj: Trajectory, index: int, later: list[Line]) -> f
     so it is scored for every executed line once the episode is over, and credited to the line that produced the
     value. A block's statement is the buffered lines plus the line that closed it, which carries the bonus.
     """
+    return _value_used_later(line, traj, index, later, imports=True)
+
+
+@line_reward("computed_used_later")
+def computed_used_later(line: Line, traj: Trajectory, index: int, later: list[Line]) -> float:
+    """``used_later`` without imports: a name bound by ``import`` earns nothing. In the shaping experiment the
+    ``used_later`` bonus was farmed with import preambles (6.7 imports an episode, README "Results: reward
+    shaping"); this term pays only for values the episode computed (assignments, loops, functions, printed values)."""
+    return _value_used_later(line, traj, index, later, imports=False)
+
+
+def _value_used_later(line: Line, traj: Trajectory, index: int, later: list[Line], *, imports: bool) -> float:
     if line.status != "ok":
         return 0.0
     start = index
@@ -125,7 +137,7 @@ def used_later(line: Line, traj: Trajectory, index: int, later: list[Line]) -> f
         start -= 1
     source = "\n".join(ln.code for ln in traj.lines[start:index + 1])
     later_code = [ln.code for ln in later]
-    assigned = _assigned_names(source)
+    assigned = _assigned_names(source, imports=imports)
     if assigned and any(assigned & _names_read(code) for code in later_code):
         return 1.0
     value = _printed_literal(line.output)
@@ -146,7 +158,7 @@ def _parse(code: str) -> ast.Module | None:
     return None
 
 
-def _assigned_names(source: str) -> set[str]:
+def _assigned_names(source: str, *, imports: bool = True) -> set[str]:
     tree = _parse(source)
     names: set[str] = set()
     for node in ast.walk(tree) if tree else ():
@@ -154,7 +166,7 @@ def _assigned_names(source: str) -> set[str]:
             names.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        elif imports and isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return names
 

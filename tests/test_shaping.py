@@ -418,9 +418,23 @@ def test_used_later_sees_names_a_failed_or_printed_line_does_not_produce():
     assert [ln.rewards["used_later"] for ln in traj.lines] == [0.0, 1.0, 1.0, 1.0, 0.0]
 
 
+def test_computed_used_later_pays_nothing_for_an_import():
+    """The import farming of the shaping experiment: `used_later` pays for `import m` when m is used, this does not;
+    a computed value, a function and a loop still earn the bonus."""
+    def lines() -> list[Line]:  # fresh each time: scoring writes each line's rewards
+        return [Line("from typing import List"), Line("import math"), Line("def f(xs: List[int]): return sum(xs)"),
+                Line("n = math.isqrt(50)"), Line("for i in range(n):", status="incomplete", prompt=">>> "),
+                Line("    last = i", status="incomplete", prompt="... "), Line("", prompt="... "),
+                Line("submit(f([n, last]))")]
+    old = score(RewardModel({"used_later": 1.0}), episode(*lines(), correct=True))
+    new = score(RewardModel({"computed_used_later": 1.0}), episode(*lines(), correct=True))
+    assert [ln.rewards.get("used_later") for ln in old.lines] == [1.0, 1.0, 1.0, 1.0, None, None, 1.0, 0.0]
+    assert [ln.rewards.get("computed_used_later") for ln in new.lines] == [0.0, 0.0, 1.0, 1.0, None, None, 1.0, 0.0]
+
+
 def test_worked_examples_are_off_by_default():
     weights = RewardConfig().weights
-    assert not {"late_line", "used_later", "ran_and_printed"} & set(weights)
+    assert not {"late_line", "used_later", "computed_used_later", "ran_and_printed"} & set(weights)
     assert set(RewardModel(weights).terms) == {"syntax_error", "exception", "timeout", "crash", "repeat_line"}
 
 
