@@ -29,6 +29,16 @@ def kernel_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [str(root)]
 
 
+@pytest.fixture(autouse=True)
+def notebook_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The notebooks' temporary directories (a run, a sweep, rollouts: about 700 MB a suite) go to this test's own
+    directory, which pytest prunes, not to /tmp for good: the notebook kernel inherits TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o711)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    return tmp
+
+
 def execute(name: str, kernel_dirs: list[str]) -> dict[str, nbformat.NotebookNode]:
     """Run a notebook top to bottom (any cell error fails the test); its cells by id."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -58,11 +68,12 @@ def transcripts(cell: nbformat.NotebookNode) -> str:
 
 
 @pytest.mark.timeout(400)
-def test_quickstart_trains_evaluates_and_shows_transcripts(kernel_dirs: list[str]) -> None:
+def test_quickstart_trains_evaluates_and_shows_transcripts(kernel_dirs: list[str], notebook_tmpdir: Path) -> None:
     cells = execute("quickstart.ipynb", kernel_dirs)
     # the live curve is one output redrawn in place (a display handle), not one image per step
     assert len(data(cells["train"], "image/png")) == 1
     run_dir = Path(stdout(cells["train"]).split("run directory:")[1].strip())
+    assert run_dir.parent == notebook_tmpdir  # a temporary run directory, in this test's TMPDIR
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
     final = value(cells["final-metrics"])
@@ -77,9 +88,9 @@ def test_quickstart_trains_evaluates_and_shows_transcripts(kernel_dirs: list[str
 
 
 @pytest.mark.timeout(300)
-def test_rollout_viewer_makes_its_own_rollouts(kernel_dirs: list[str]) -> None:
+def test_rollout_viewer_makes_its_own_rollouts(kernel_dirs: list[str], notebook_tmpdir: Path) -> None:
     cells = execute("rollout_viewer.ipynb", kernel_dirs)
-    assert stdout(cells["load"]).startswith("8 episodes from ")
+    assert stdout(cells["load"]).startswith(f"8 episodes from {notebook_tmpdir}/")
     assert value(cells["summary"])["episodes"] == 8
     one, many = transcripts(cells["one"]), transcripts(cells["many"])
     assert one.count(" row ") == 1 and many.count(" row ") == 8
@@ -89,12 +100,13 @@ def test_rollout_viewer_makes_its_own_rollouts(kernel_dirs: list[str]) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_reward_shaping_sweeps_a_notebook_term_and_compares(kernel_dirs: list[str]) -> None:
+def test_reward_shaping_sweeps_a_notebook_term_and_compares(kernel_dirs: list[str], notebook_tmpdir: Path) -> None:
     cells = execute("reward_shaping.ipynb", kernel_dirs)
     assert value(cells["term"]) == {"x = 82 * 56": 1.0, "x == 4592": 0.0, "total += k": 1.0, "submit(x)": 0.0}
     term = stdout(cells["term-file"]).strip()
     path, name = term.rsplit(":", 1)
     assert name == "names_a_result" and "import re" in Path(path).read_text()  # the global it uses, imported
+    assert Path(path).is_relative_to(notebook_tmpdir)
     progress = "".join(out["text"] for out in cells["sweep"].outputs if out.get("name") == "stderr")
     assert progress.count(" ... done 2 steps ") == 4, progress  # one line per run, each its own process
     assert ast.literal_eval(data(cells["sweep"], "text/plain")[0]) == [
