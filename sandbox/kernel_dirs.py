@@ -31,6 +31,7 @@ def make_kernel_dir() -> tuple[str, int]:
         _reaped.add(tmp)
         reap_stale_kernel_dirs(tmp)
     fd, pending = tempfile.mkstemp(prefix=PREFIX, suffix=".pending", dir=tmp)
+    kdir = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         kdir = tempfile.mkdtemp(prefix=PREFIX, dir=tmp)
@@ -39,6 +40,8 @@ def make_kernel_dir() -> tuple[str, int]:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(pending)
+        if kdir is not None:
+            shutil.rmtree(kdir, ignore_errors=True)
         raise
     return kdir, fd
 
