@@ -307,9 +307,9 @@ def sweep(spec: str | Path | Mapping[str, Any], out: str | Path, parallel: int =
 
     Finished runs are skipped and interrupted ones resumed, so calling it again continues a sweep. ``steps``
     overrides the spec's budget (raise it to continue every run further); ``sets`` ({"section.field": value})
-    overrides every run's value (e.g. a local copy of a dataset). ``progress``: one line per run, to
-    stderr (True), to a function of one string, or nowhere (False). Runs that fail leave the others running; at
-    the end a SweepError names them (each run's ``train.log`` holds its output). ``prune``: delete a run's
+    overrides every run's value (e.g. a local copy of a dataset). ``progress``: a line as each run starts and one as
+    it ends, to stderr (True), to a function of one string, or nowhere (False). Runs that fail leave the others
+    running; at the end a SweepError names them (each run's ``train.log`` holds its output). ``prune``: delete a run's
     checkpoints once it is done (metrics, samples and logs stay; a pruned run cannot be continued further)."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1; got {parallel}")
@@ -432,6 +432,8 @@ class _Sweeper:
                 proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         env=self._env(), start_new_session=True)
                 self.running.add(proc)
+                doing = f"resuming {why}" if what == "resume" else "starting"
+                self.say(f"[start] {run.name}: {doing} at {time.strftime('%H:%M:%S')} (log: {log_path})")
             code = proc.wait()
             wall = time.monotonic() - t0
             with self.lock:

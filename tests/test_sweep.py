@@ -59,9 +59,16 @@ def eval_steps(run_dir: Path) -> list[int]:
 def test_sweep_trains_every_variant_and_seed(tmp_path_factory: pytest.TempPathFactory) -> None:
     out, lines = smoke_sweep_dir(tmp_path_factory)
     assert _SMOKE["dirs"] == [out / name for name in RUNS]  # seed by seed, variants in the spec's order
-    assert len(lines) == 4 and sorted(line.split()[1] for line in lines) == sorted(RUNS)
-    for k, line in enumerate(lines, 1):
+    # a line as each run starts, and one as it ends
+    starts, ends = [ln for ln in lines if ln.startswith("[start] ")], [ln for ln in lines if " ... " in ln]
+    assert len(starts) == 4 and len(ends) == 4 and len(lines) == 8
+    assert sorted(line.split()[1] for line in ends) == sorted(RUNS)
+    for k, line in enumerate(ends, 1):
         assert re.fullmatch(rf"\[{k}/4\] \S+/seed[01] \.\.\. done 2 steps \d+ s", line), line
+    for line in starts:
+        name = line.split()[1].rstrip(":")
+        log = re.escape(str(out / name / "train.log"))
+        assert re.fullmatch(rf"\[start\] {name}: starting at \d\d:\d\d:\d\d \(log: {log}\)", line), line
     for name in RUNS:
         run = out / name
         assert train_steps(run) == [1, 2] and eval_steps(run) == [0, 2]
@@ -120,8 +127,11 @@ def test_rerun_skips_finished_runs_resumes_an_interrupted_one_and_reports_failur
     capsys.readouterr()
     assert main(["sweep", str(spec), "--out", str(out), "--parallel", "2"]) == 1
     captured = capsys.readouterr()
-    lines = captured.out.splitlines()
+    starts = [ln for ln in captured.out.splitlines() if ln.startswith("[start] ")]
+    lines = [ln for ln in captured.out.splitlines() if ln not in starts]
     assert len(lines) == 3, lines
+    assert sorted(ln.split(" at ")[0] for ln in starts) == [
+        "[start] broken/seed1: starting", "[start] no_syntax_penalty/seed1: resuming from step 1"]
     assert [ln.split(" ... ")[1] for ln in lines if "skipped" in ln] == ["skipped (done: 2 steps)"]
     (resumed,) = [ln for ln in lines if "no_syntax_penalty/seed1" in ln]
     assert re.search(r" \.\.\. resumed from step 1, done 2 steps \d+ s$", resumed), resumed
