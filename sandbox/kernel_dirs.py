@@ -4,7 +4,8 @@ A kernel's directory (its connection file, sockets, log and working directory) i
 killed. A host that is itself killed (SIGKILL, the OOM killer) removes nothing, and a run that crashes over and
 over would fill the temp directory with whatever its kernels wrote. So each directory ``replrl-kernel-XXXX`` has a
 sibling ``replrl-kernel-XXXX.lock`` that its host holds an flock on for as long as the kernel lives; the lock dies
-with the host's process. The first kernel a process starts removes every directory whose lock nobody holds.
+with the host's process. The first kernel a process starts (and one a minute after that) removes every directory
+whose lock nobody holds.
 The lock file lives beside the directory, not in it, so the kernel (which can write its own directory) cannot
 touch it.
 """
@@ -16,19 +17,21 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 
 PREFIX = "replrl-kernel-"
 LOCK = ".lock"
-_reaped: set[str] = set()
-"""Temp directories this process has already cleaned."""
+REAP_EVERY_S = 60.0
+_reaped: dict[str, float] = {}
+"""Temp directory -> when this process last cleaned it (a long run cleans up after its own kernels too)."""
 
 
 def make_kernel_dir() -> tuple[str, int]:
     """A new private directory and the fd of its held lock. The lock is created under another name, locked, then
     renamed into place, so no other process ever sees an unheld lock for a live directory."""
     tmp = tempfile.gettempdir()
-    if tmp not in _reaped:
-        _reaped.add(tmp)
+    if time.monotonic() - _reaped.get(tmp, -REAP_EVERY_S) >= REAP_EVERY_S:
+        _reaped[tmp] = time.monotonic()
         reap_stale_kernel_dirs(tmp)
     fd, pending = tempfile.mkstemp(prefix=PREFIX, suffix=".pending", dir=tmp)
     kdir = None
@@ -47,11 +50,14 @@ def make_kernel_dir() -> tuple[str, int]:
 
 
 def remove_kernel_dir(kdir: str, fd: int | None) -> None:
-    """Remove a kernel's directory, then its lock. Never raises."""
+    """Remove a kernel's directory, then its lock. Never raises. A kernel killed while it starts can still bind a
+    socket in its directory after the removal began (its process dies a moment after the host's wait returns): then
+    the directory stays, and so does its lock, released, for the next reap."""
     shutil.rmtree(kdir, ignore_errors=True)
     if fd is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(kdir + LOCK)
+        if not os.path.lexists(kdir):
+            with contextlib.suppress(OSError):
+                os.unlink(kdir + LOCK)
         with contextlib.suppress(OSError):
             os.close(fd)
 

@@ -341,3 +341,29 @@ def test_only_this_users_free_locks_are_reaped(tmp_path):
     (tmp_path / "replrl-kernel-old").mkdir()
     assert reap_stale_kernel_dirs(str(tmp_path)) == [str(tmp_path / "replrl-kernel-stale")]
     assert sorted(os.listdir(tmp_path)) == ["replrl-kernel-forged", "replrl-kernel-forged.lock", "replrl-kernel-old"]
+
+
+def test_a_directory_a_dying_kernel_wrote_into_keeps_its_lock_for_the_next_reap(tmp_path, monkeypatch):
+    """A kernel killed as it starts can bind a socket in its directory while the host removes it (seen: directories
+    left holding only `k-2` and `k-5` after a test suite): the directory stays, so its lock must stay too, released,
+    or nothing would ever remove it."""
+    import shutil
+    import tempfile
+
+    from sandbox import kernel_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    kdir, fd = kernel_dirs.make_kernel_dir()
+    rmtree = shutil.rmtree
+
+    def racing_rmtree(path, ignore_errors=False):  # the removal runs, then the dying kernel binds its socket
+        rmtree(path, ignore_errors=ignore_errors)
+        os.mkdir(path)
+        open(os.path.join(path, "k-2"), "w").close()
+
+    monkeypatch.setattr(kernel_dirs.shutil, "rmtree", racing_rmtree)
+    kernel_dirs.remove_kernel_dir(kdir, fd)
+    monkeypatch.setattr(kernel_dirs.shutil, "rmtree", rmtree)
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(kdir), os.path.basename(kdir) + ".lock"])
+    assert kernel_dirs.reap_stale_kernel_dirs(str(tmp_path)) == [kdir]
+    assert os.listdir(tmp_path) == []
