@@ -79,15 +79,17 @@ def reap_stale_kernel_dirs(tmp: str) -> list[str]:
         except OSError:
             continue
         try:
-            if os.fstat(fd).st_uid != os.geteuid():  # not ours: another user's, or a kernel's forgery
-                raise OSError
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its host is alive
+            free = os.fstat(fd).st_uid == os.geteuid()  # not another user's lock, nor a kernel's forgery
+            if free:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its host is alive
+        except OSError:
+            free = False
+        if not free:
             os.close(fd)
             continue
         kdir = lock[: -len(LOCK)]
-        if os.path.isdir(kdir) and not os.path.islink(kdir):
-            shutil.rmtree(kdir, ignore_errors=True)
-            removed.append(kdir)
+        was_dir = os.path.isdir(kdir) and not os.path.islink(kdir)
         remove_kernel_dir(kdir, fd)
+        if was_dir and not os.path.lexists(kdir):
+            removed.append(kdir)
     return removed
