@@ -35,8 +35,8 @@ COMPARE_HELP = """\
 Compare runs: one PNG with a panel per measure (reward, held-out accuracy, per-line syntax-error and exception
 rates, lines per episode, each reward term), per variant the mean over seeds with a 95% t-interval band; steps where
 a measure was not logged are gaps. A table per variant (markdown and CSV): the final held-out accuracy and per-line
-error rates, mean and 95% CI over seeds, and the difference to the baseline paired by seed with a bootstrap 95% CI;
-and per run: wall-clock, steps and episodes.
+error rates, mean and 95% CI over seeds, and the difference to the baseline paired by seed with a 95% paired
+t-interval; and per run: wall-clock, steps and episodes.
 
 Each argument is a sweep directory (its OUT/<variant>/seed<k> runs, grouped by variant), a variant directory
 (its seed<k> runs) or a single run directory (a variant of its own).

@@ -23,13 +23,13 @@ Statistics, per variant, over its seeds (n of them):
 - curves: at each step, the mean of the seeds that logged the measure there, and a 95% t-interval band
   (mean +- t(0.975, n-1) * sd / sqrt(n), no band where n < 2). A step where no seed logged it is a gap.
 - table: each measure's mean and 95% t-interval over seeds; the difference to the baseline paired by seed, mean
-  and a 95% percentile bootstrap CI over the seed pairs (exact, every resample weighted by its probability, for
-  up to 8 pairs; else 20,000 seeded resamples).
+  and 95% paired t-interval over the seed pairs (no interval for one pair). Not a bootstrap: at the 2-5 seeds a
+  sweep affords, a percentile bootstrap's "95%" interval is about the range of the differences (for 3 pairs,
+  exactly [min, max]), which holds the mean about 75% of the time.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -123,39 +123,6 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
         return mean, math.nan, math.nan
     half = t975(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
     return mean, mean - half, mean + half
-
-
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 20_000, seed: int = 0) \
-        -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean: the smallest resampled means whose cumulative probability reaches
-    (1 - level) / 2 and (1 + level) / 2. Exact when there are few values (every multiset of n draws, weighted by its
-    multinomial probability), else ``n_boot`` resamples from a seeded generator."""
-    import numpy as np
-
-    x = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
-    n = len(x)
-    if n == 0:
-        return math.nan, math.nan
-    if math.comb(2 * n - 1, n) <= n_boot:
-        means, probs = [], []
-        for draw in itertools.combinations_with_replacement(range(n), n):
-            counts = np.bincount(draw, minlength=n)
-            ways = math.factorial(n) / math.prod(math.factorial(int(c)) for c in counts)
-            means.append(float(counts @ x) / n)
-            probs.append(ways / n ** n)
-        means_a, probs_a = np.asarray(means), np.asarray(probs)
-    else:
-        rng = np.random.default_rng(seed)
-        means_a = x[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
-        probs_a = np.full(n_boot, 1.0 / n_boot)
-    order = np.argsort(means_a, kind="stable")
-    sorted_means, cdf = means_a[order], np.cumsum(probs_a[order])
-    alpha = (1 - level) / 2
-
-    def quantile(q: float) -> float:
-        return float(sorted_means[min(int(np.searchsorted(cdf, q - 1e-12)), len(cdf) - 1)])
-
-    return quantile(alpha), quantile(1 - alpha)
 
 
 # -- runs on disk -------------------------------------------------------------------------------------------------
@@ -359,7 +326,7 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
             diffs = [mine.at[s, col] - base.at[s, col] for s in paired] if variant != baseline else []
             diffs = [d for d in diffs if not math.isnan(d)]
             row[f"{col}_diff"] = float(sum(diffs) / len(diffs)) if diffs else math.nan
-            row[f"{col}_diff_lo"], row[f"{col}_diff_hi"] = bootstrap_ci(diffs)
+            _, row[f"{col}_diff_lo"], row[f"{col}_diff_hi"] = mean_ci(diffs)
             row[f"{col}_pairs"] = len(diffs)
         for col in ("wall_s", "steps", "episodes"):
             row[f"{col}_mean"] = float(group[col].mean())
@@ -390,7 +357,7 @@ def markdown(table: Any, per_run: Any, baseline: str) -> str:
         notes.append("training mean: over its training steps")
     source = "Each run's last held-out evaluation" + (f" ({'; '.join(notes)})" if notes else "")
     lines = [f"{source}: mean over seeds [95% t-interval]. Δ: minus `{baseline}`, paired by seed, mean [95% "
-             "bootstrap CI] (n pairs).", "", row(head), "|" + "---|" * len(head)]
+             "paired t-interval] (n pairs).", "", row(head), "|" + "---|" * len(head)]
     for m in measures:
         cells = [m.label]
         for r in records:
@@ -427,7 +394,7 @@ def compare(paths: str | Path | Sequence[str | Path], out: str | Path | None = N
     syntax_error_rate and exception_rate always; accuracy_level1..3, transfer_accuracy, lines_per_episode,
     correct_block_frac, block_syntax_error_frac from the last evaluation; correct_negative_frac, the mean over
     training steps) ``<m>_mean``, ``<m>_lo``, ``<m>_hi`` (95% t-interval over seeds) and ``<m>_diff``, ``<m>_diff_lo``,
-    ``<m>_diff_hi``, ``<m>_pairs`` (minus the baseline, paired by seed, 95% bootstrap CI); and ``wall_s_mean``,
+    ``<m>_diff_hi``, ``<m>_pairs`` (minus the baseline, paired by seed, 95% paired t-interval); and ``wall_s_mean``,
     ``steps_mean``, ``episodes_mean``. ``pd.DataFrame(table.attrs["runs"])`` has one row per run (variant, seed,
     steps, episodes, wall_s and wall_s_source: "sweep" for the sweep's record of the process, "logged" for the sum
     of the logged step_s, eval/wall_s and transfer/wall_s; the measures; run_dir) and ``table.attrs["baseline"]``

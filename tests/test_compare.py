@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from replrl.cli import main
-from replrl.compare import bootstrap_ci, compare, mean_ci, t975
+from replrl.compare import compare, mean_ci, t975
 from replrl.metrics import read_metrics
 from replrl.plot import run_figure
 
@@ -72,27 +72,12 @@ def test_t_quantiles_match_scipy() -> None:
         assert t975(df) == pytest.approx(stats.t.ppf(0.975, df), rel=2e-4)
 
 
-def test_mean_ci_and_bootstrap_by_hand() -> None:
+def test_mean_ci_by_hand() -> None:
     # 0.2, 0.4, 0.9: mean 0.5, sd sqrt((0.09 + 0.01 + 0.16) / 2) = 0.360555; half width
     # t(0.975, 2) * sd / sqrt(3) = 4.302653 * 0.360555 / 1.732051 = 0.895669
     mean, lo, hi = mean_ci([0.2, 0.4, 0.9])
     assert (mean, lo, hi) == pytest.approx((0.5, 0.5 - 0.895669, 0.5 + 0.895669), abs=1e-6)
     assert mean_ci([0.3, math.nan])[0] == 0.3 and math.isnan(mean_ci([0.3])[1])  # one value: no interval
-    # Exact bootstrap of two values a, b: resampled means a, (a+b)/2, b with probabilities 1/4, 1/2, 1/4, so the
-    # 2.5% and 97.5% points are a and b; at level 0.4 (30% and 70% points) both are (a+b)/2.
-    assert bootstrap_ci([1.0, 3.0]) == (1.0, 3.0)
-    assert bootstrap_ci([1.0, 3.0], level=0.4) == (2.0, 2.0)
-    # Three values: all three draws equal to the smallest has probability 1/27 = 3.7% > 2.5%: [min, max].
-    assert bootstrap_ci([0.3, 0.2, 0.0]) == pytest.approx((0.0, 0.3))
-    # Five values: the exact distribution puts the 2.5% point above the minimum (1/3125 of the mass is there).
-    five = [0.0, 1.0, 2.0, 3.0, 10.0]
-    lo, hi = bootstrap_ci(five)
-    assert 0.0 < lo < np.mean(five) < hi < 10.0
-    # Many values: seeded resampling, the same every time, close to the normal interval of the mean.
-    many = list(np.linspace(0, 1, 40))
-    assert bootstrap_ci(many) == bootstrap_ci(many)
-    se = np.std(many) / math.sqrt(40)
-    assert bootstrap_ci(many) == pytest.approx((0.5 - 1.96 * se, 0.5 + 1.96 * se), abs=0.02)
 
 
 def test_table_numbers_by_hand(synthetic: Path, tmp_path: Path) -> None:
@@ -107,17 +92,21 @@ def test_table_numbers_by_hand(synthetic: Path, tmp_path: Path) -> None:
     assert shaped.accuracy_mean == pytest.approx(2 / 3)
     assert (shaped.accuracy_lo, shaped.accuracy_hi) == pytest.approx((2 / 3 - 0.517114, 2 / 3 + 0.517114),
                                                                      abs=1e-6)
-    # paired by seed: 0.5-0.2, 0.6-0.4, 0.9-0.9 = 0.3, 0.2, 0.0 -> mean 0.166667, exact bootstrap [0.0, 0.3]
+    # paired by seed: 0.5-0.2, 0.6-0.4, 0.9-0.9 = 0.3, 0.2, 0.0 -> mean 0.166667, sd sqrt((0.017778 + 0.001111 +
+    # 0.027778) / 2) = 0.152753, paired t-interval half width 4.302653 * 0.152753 / 1.732051 = 0.379458 (a
+    # percentile bootstrap would give [0.0, 0.3], the range of the three differences)
     assert shaped.accuracy_diff == pytest.approx(1 / 6) and shaped.accuracy_pairs == 3
-    assert (shaped.accuracy_diff_lo, shaped.accuracy_diff_hi) == pytest.approx((0.0, 0.3))
+    assert (shaped.accuracy_diff_lo, shaped.accuracy_diff_hi) == pytest.approx((1 / 6 - 0.379458, 1 / 6 + 0.379458),
+                                                                               abs=1e-6)
     assert math.isnan(base.accuracy_diff) and base.accuracy_pairs == 0
     # syntax errors: base 0.1 x3 (sd 0: the interval is the point); shaped 0.05, 0.15 and one missing ->
-    # mean 0.1, half width 12.706205 * 0.070711 / 1.414214 = 0.635310; paired: -0.05, +0.05 -> 0 [-0.05, 0.05]
+    # mean 0.1, half width 12.706205 * 0.070711 / 1.414214 = 0.635310; paired: -0.05, +0.05 -> 0, the same half width
     assert (base.syntax_error_rate_lo, base.syntax_error_rate_hi) == pytest.approx((0.1, 0.1))
     assert shaped.syntax_error_rate_mean == pytest.approx(0.1)
     assert shaped.syntax_error_rate_hi == pytest.approx(0.1 + 0.635310, abs=1e-6)
     assert shaped.syntax_error_rate_pairs == 2 and shaped.syntax_error_rate_diff == pytest.approx(0.0)
-    assert (shaped.syntax_error_rate_diff_lo, shaped.syntax_error_rate_diff_hi) == pytest.approx((-0.05, 0.05))
+    assert (shaped.syntax_error_rate_diff_lo, shaped.syntax_error_rate_diff_hi) == pytest.approx((-0.635310, 0.635310),
+                                                                                                 abs=1e-6)
     # per run: 4 training steps of 4 episodes; wall-clock from the sweep's record where there is one
     runs = pd.DataFrame(table.attrs["runs"])
     assert set(runs.steps) == {4} and set(runs.episodes) == {16}
@@ -129,7 +118,7 @@ def test_table_numbers_by_hand(synthetic: Path, tmp_path: Path) -> None:
     assert len(pd.read_csv(out / "runs.csv")) == 6
     md = (out / "summary.md").read_text()
     assert "| measure | `shaped` | `base` (baseline) |" in md
-    assert ("| held-out accuracy | 0.667 [0.150, 1.184]<br>Δ +0.167 [+0.000, +0.300] (3) | "
+    assert ("| held-out accuracy | 0.667 [0.150, 1.184]<br>Δ +0.167 [-0.213, +0.546] (3) | "
             "0.500 [-0.396, 1.396] |") in md
     assert "| seeds | 3 | 3 |" in md and "| wall-clock s/run | - | 11 |" in md
     # only what these runs logged: no levels, no transfer, no training means, no eval/lines_per_episode
@@ -183,9 +172,11 @@ def test_measures_by_hand(rich: Path, tmp_path: Path) -> None:
     assert list(runs.correct_negative_frac) == pytest.approx([0.4, 0.2, 0.1, 0.3])
     # base 0.4, 0.2 -> mean 0.3, half width 12.706205 * (0.2 / sqrt 2) / sqrt 2 = 1.270621; blocks 0.2 likewise
     assert (base.correct_negative_frac_mean, base.correct_negative_frac_lo) == pytest.approx((0.3, 0.3 - 1.270621))
-    # paired: 0.1 - 0.4 = -0.3, 0.3 - 0.2 = 0.1 -> -0.1, exact bootstrap of two values [-0.3, 0.1]
+    # paired: 0.1 - 0.4 = -0.3, 0.3 - 0.2 = 0.1 -> -0.1, sd 0.282843, half width 12.706205 * 0.282843 / 1.414214
+    # = 2.541241
     assert blocks.correct_negative_frac_diff == pytest.approx(-0.1) and blocks.correct_negative_frac_pairs == 2
-    assert (blocks.correct_negative_frac_diff_lo, blocks.correct_negative_frac_diff_hi) == pytest.approx((-0.3, 0.1))
+    assert (blocks.correct_negative_frac_diff_lo, blocks.correct_negative_frac_diff_hi) == pytest.approx(
+        (-0.1 - 2.541241, -0.1 + 2.541241), abs=1e-6)
     # levels from the last evaluation; blocks/seed1's lacks level 3, so it has none (not step 0's 0.05)
     assert list(runs.accuracy_level1) == pytest.approx([0.8, 0.9, 1.0, 0.7])
     assert list(runs.accuracy_level2) == pytest.approx([0.5, 0.4, 0.6, 0.5])
@@ -217,9 +208,9 @@ def test_measures_by_hand(rich: Path, tmp_path: Path) -> None:
                       "wall-clock s/run"]
     assert variants_table[1] == "|---|---|---|" and all(line.count(" | ") == 2 for line in variants_table[2:])
     assert ("| correct episodes with advantage < 0 (training mean) | 0.300 [-0.971, 1.571] | "
-            "0.200 [-1.071, 1.471]<br>Δ -0.100 [-0.300, +0.100] (2) |") in variants_table
-    # one value: no t-interval; one pair: the bootstrap's only resample
-    assert ("| held-out accuracy, level 3 | 0.150 [-0.485, 0.785] | 0.300<br>Δ +0.100 [+0.100, +0.100] (1) |"
+            "0.200 [-1.071, 1.471]<br>Δ -0.100 [-2.641, +2.441] (2) |") in variants_table
+    # one value, one pair: no interval
+    assert ("| held-out accuracy, level 3 | 0.150 [-0.485, 0.785] | 0.300<br>Δ +0.100 (1) |"
             in variants_table)
     assert "| wall-clock s/run | 62 | 60 |" in variants_table and "| steps/run | 3 | 3 |" in variants_table
     assert "training mean: over its training steps" in md.splitlines()[0]
@@ -305,7 +296,7 @@ def test_single_runs_are_their_own_variants(synthetic: Path) -> None:
 
 def test_compare_cli(synthetic: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["compare", str(synthetic), "--out", str(tmp_path / "c"), "--baseline", "base"]) == 0
-    assert "+0.167 [+0.000, +0.300] (3)" in capsys.readouterr().out
+    assert "+0.167 [-0.213, +0.546] (3)" in capsys.readouterr().out
     for argv, message in [(["compare", str(tmp_path / "nothing"), "--out", str(tmp_path / "d")], "not a directory"),
                           (["compare", str(tmp_path / "c"), "--out", str(tmp_path / "d")], "no runs in"),
                           (["compare", str(synthetic), "--out", str(tmp_path / "d"), "--baseline", "bse"],
