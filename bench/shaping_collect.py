@@ -110,6 +110,132 @@ def add_transcript_figures(run: Path) -> None:
     path.write_text(json.dumps(figures, indent=1))
 
 
+# -- the README's tables --------------------------------------------------------------------------------------------
+TABLE_ROWS = (  # (label, where, key, format): where is the held-out evaluation, the transfer one, or training
+    ("programs, all levels", "eval", "accuracy", "pct"),
+    ("programs, level 1", "eval", "accuracy_level1", "pct"),
+    ("programs, level 2", "eval", "accuracy_level2", "pct"),
+    ("programs, level 3", "eval", "accuracy_level3", "pct"),
+    ("GSM8K, transfer", "transfer", "accuracy", "pct"),
+    ("submitted an answer", "eval", "submit_rate", "pct"),
+    ("lines per episode", "eval", "lines_per_episode", ".1f"),
+    ("syntax errors per line", "eval", "syntax_error_rate", "pct"),
+    ("exceptions per line", "eval", "exception_rate", "pct"),
+    ("episodes that wrote a multi-line block", "eval", "block_rate", "pct"),
+    ("correct episodes that used one", "eval", "correct_block_frac", "pct"),
+    ("block-opening episodes with a syntax error in the block", "eval", "block_syntax_error_frac", "pct"),
+    ("looked at a value before answering", "eval", "looked_at_value_frac", "pct"),
+    ("opened with the header's example", "eval", "header_example_first_frac", "pct"),
+    ("`import` statements per episode", "eval", "imports_per_episode", ".2f"),
+    ("correct training episodes with a negative advantage (mean over steps)", "train", "adv/correct_negative_frac",
+     "pct"),
+)
+"""The rows of the README's shaping tables: every figure the issue asks for, per variant, plus the three read
+from the episodes' text. Programs levels come from metrics.jsonl, the rest from eval_figures.json."""
+
+
+def run_figures(run: Path) -> dict[str, dict[str, float]]:
+    """One collected run's table figures: ``{"after": {...}, "before": {...}}`` (before only where the run evaluated
+    the untrained model), each keyed ``"eval:<key>"``, ``"transfer:<key>"``, ``"train:<key>"``, plus ``wall_s``."""
+    from replrl.metrics import read_metrics
+
+    figures = json.loads((run / "eval_figures.json").read_text()) if (run / "eval_figures.json").exists() else {}
+    rows = read_metrics(run)
+    evals = sorted(int(k.split("@")[1]) for k in figures if k.startswith("eval@"))
+    result: dict[str, dict[str, float]] = {}
+    steps = {"after": evals[-1]} if evals else {}
+    if len(evals) > 1 and evals[0] == 0:
+        steps["before"] = 0
+    for name, step in steps.items():
+        got = {f"eval:{k}": v for k, v in figures.get(f"eval@{step}", {}).items()}
+        got.update({f"transfer:{k}": v for k, v in figures.get(f"transfer@{step}", {}).items()})
+        for row in rows:  # the per-level accuracies are in the evaluation's metrics row
+            if row.get("step") == step and "eval/accuracy" in row:
+                got.update({f"eval:{k[5:]}": v for k, v in row.items() if k.startswith("eval/accuracy_level")})
+        result[name] = got
+    trained = [r["adv/correct_negative_frac"] for r in rows if "episodes" in r and "adv/correct_negative_frac" in r]
+    if "after" in result and trained:
+        result["after"]["train:adv/correct_negative_frac"] = sum(trained) / len(trained)
+    record = read_record(run)
+    if "after" in result and record.get("wall_s") is not None:
+        result["after"]["wall_s"] = record["wall_s"]
+    return result
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    """One value, or the mean over seeds and its 95% t-interval (a share's interval clipped to 0-100%)."""
+    from replrl.compare import mean_ci
+
+    if not values:
+        return ""
+    scale, spec = (100, ".1f") if fmt == "pct" else (1, fmt)
+    unit = "%" if fmt == "pct" else ""
+    mean, lo, hi = mean_ci([v * scale for v in values])
+    if fmt == "pct":
+        lo, hi = max(lo, 0.0), min(hi, 100.0)
+    if len(values) == 1:
+        return f"{mean:{spec}}{unit}"
+    return f"{mean:{spec}}{unit} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def tables(out: Path, baseline: str = "outcome_only") -> str:
+    """The README's tables in markdown: one per seed (each variant's value; "before": the untrained model, from the
+    baseline's run of that seed), then the mean over seeds with a 95% t-interval, and the difference to the
+    baseline paired by seed. Written by :func:`main` to ``tables.md`` beside ``summary.md``."""
+    from replrl.compare import mean_ci
+
+    order_file = out / "sweep.json"
+    runs = {(p.parent.parent.name, int(p.parent.name.removeprefix("seed"))): run_figures(p.parent)
+            for p in sorted(out.glob("*/seed*/sweep.json"))}
+    order = json.loads(order_file.read_text()).get("variants", []) if order_file.exists() else []
+    variants = [v for v in order if any(k[0] == v for k in runs)] + sorted({v for v, _ in runs} - set(order))
+    seeds = sorted({s for _, s in runs})
+
+    def column(name: str, seed_list: list[int]) -> list[dict[str, float]]:
+        if name == "before":
+            return [runs[(baseline, s)]["before"] for s in seed_list if "before" in runs.get((baseline, s), {})]
+        return [runs[(name, s)]["after"] for s in seed_list if "after" in runs.get((name, s), {})]
+
+    def table(title: str, seed_list: list[int]) -> list[str]:
+        columns = [c for c in ["before", *variants] if column(c, seed_list)]
+        head = ["held-out"] + [c if c == "before" else f"`{c}`" for c in columns]
+        lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        if len(seed_list) > 1:
+            lines.append("| seeds | " + " | ".join(", ".join(str(s) for s in seed_list
+                                                          if column(c, [s])) for c in columns) + " |")
+        for label, where, key, fmt in TABLE_ROWS:
+            cells = [_cell([f[f"{where}:{key}"] for f in column(c, seed_list) if f"{where}:{key}" in f], fmt)
+                     for c in columns]
+            if any(cells):
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        walls = [_cell([f["wall_s"] / 60 for f in column(c, seed_list) if "wall_s" in f], ".0f") for c in columns]
+        if any(walls):
+            lines.append("| wall-clock in the sweep's record, min (CPU) | " + " | ".join(walls) + " |")
+        return lines
+
+    lines = []
+    for seed in seeds:
+        lines += table(f"Seed {seed}:", [seed]) + [""]
+    if len(seeds) > 1:
+        lines += table("Mean over seeds, 95% t-interval (a share's clipped to 0-100%):", seeds) + [""]
+        lines += [f"Difference to `{baseline}`, paired by seed, in points: mean [95% paired t-interval] (pairs):", "",
+                  "| measure | " + " | ".join(f"`{v}`" for v in variants if v != baseline) + " |",
+                  "|" + "---|" * len(variants)]
+        for label, where, key, _ in TABLE_ROWS[:5]:  # the accuracies
+            cells, name = [], f"{where}:{key}"
+            for v in (v for v in variants if v != baseline):
+                pairs = [(runs[(v, s)]["after"], runs[(baseline, s)]["after"]) for s in seeds
+                         if name in runs.get((v, s), {}).get("after", {})
+                         and name in runs.get((baseline, s), {}).get("after", {})]
+                diffs = [100 * (mine[name] - base[name]) for mine, base in pairs]
+                mean, lo, hi = mean_ci(diffs)
+                cells.append("" if not diffs else f"{mean:+.1f}" + ("" if len(diffs) < 2 else
+                                                                  f" [{lo:+.1f}, {hi:+.1f}]") + f" ({len(diffs)})")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def restore(out: Path, sweep: Path) -> list[Path]:
     """Put every collected run's records back into ``sweep`` (runs already there are left alone)."""
     restored = []
@@ -141,7 +267,8 @@ def main() -> None:
     from replrl.compare import compare
 
     compare(args.out, out=args.out, baseline=args.baseline)
-    print(f"wrote {args.out / 'summary.md'} and compare.png")
+    (args.out / "tables.md").write_text(tables(args.out, args.baseline))
+    print(f"wrote {args.out / 'summary.md'}, tables.md (the README's) and compare.png")
 
 
 if __name__ == "__main__":

@@ -201,6 +201,12 @@ def test_collected_results_let_a_sweep_go_on_in_a_fresh_directory(tmp_path: Path
         figures = json.loads((run / "eval_figures.json").read_text())
         assert figures["eval@2"]["episodes"] > 0 and (run / "eval_transcripts.jsonl.gz").stat().st_size > 0
         assert 0 <= figures["eval@2"]["looked_at_value_frac"] <= 1 and "header_example_first_frac" in figures["eval@0"]
+    # the README's tables from the collected records: a run's held-out accuracy after training, as a percentage
+    first = json.loads((collected[0] / "eval_figures.json").read_text())["eval@2"]["accuracy"]
+    seed_table = collect_script.tables(results, "base").split("\n\n")[1].splitlines()
+    variant = collected[0].parent.name
+    column = seed_table[0].split(" | ").index(f"`{variant}`")
+    assert seed_table[2].split(" | ")[column].rstrip(" |") == f"{100 * first:.1f}%", seed_table
     assert sorted(str(p.relative_to(fresh)) for p in collect_script.restore(results, fresh)) == sorted(RUNS)
     assert collect_script.restore(results, fresh) == []      # runs already there are left alone
     lines, done = print_commands(SPEC, fresh)
@@ -230,6 +236,55 @@ def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path: Path) -> None:
     assert not (out / "no_syntax_penalty" / "seed0").exists()         # and nothing else started
     stray = subprocess.run(["pgrep", "-f", f"--run-dir={run}"], capture_output=True, text=True).stdout
     assert stray == "", f"a trainer outlived the sweep: {stray}"
+
+
+def test_readme_tables_by_hand(tmp_path: Path) -> None:
+    """tables.md, the README's tables: per seed each variant's value and the untrained "before" (the baseline's
+    step-0 evaluation); over seeds the mean and 95% t-interval (a share clipped to 0-100%); the paired difference
+    to the baseline in points. Two variants x two seeds, written as bench/shaping_collect.py leaves them."""
+    collect_script = load_collect_script()
+    out = tmp_path / "results"
+
+    def run(variant: str, seed: int, acc: float, before: float | None = None, neg: tuple[float, ...] = (0.0,)) -> None:
+        d = out / variant / f"seed{seed}"
+        d.mkdir(parents=True)
+        figures = {"eval@3": {"accuracy": acc, "lines_per_episode": 4.0 + seed}, "transfer@3": {"accuracy": acc / 2}}
+        rows = [{"step": i + 1, "episodes": 8, "adv/correct_negative_frac": v} for i, v in enumerate(neg)]
+        rows.append({"step": 3, "eval/accuracy": acc, "eval/accuracy_level1": acc + 0.1})
+        if before is not None:
+            figures["eval@0"] = {"accuracy": before}
+            rows.insert(0, {"step": 0, "eval/accuracy": before, "eval/accuracy_level1": before})
+        (d / "eval_figures.json").write_text(json.dumps(figures))
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "sweep.json").write_text(json.dumps({"status": "done", "wall_s": 600.0 * (seed + 1)}))
+
+    (out / "base").mkdir(parents=True)
+    (out / "sweep.json").write_text(json.dumps({"variants": ["base", "shaped"]}))
+    run("base", 0, 0.2, before=0.1)
+    run("base", 1, 0.4, before=0.05)
+    run("shaped", 0, 0.5, neg=(0.1, 0.3))
+    run("shaped", 1, 0.5)
+    md = collect_script.tables(out, "base")
+    blocks = md.split("\n\n")
+    assert blocks[1].startswith("| held-out | before | `base` | `shaped` |\n")
+    assert blocks[0] == "Seed 0:" and blocks[2] == "Seed 1:" and blocks[4].startswith("Mean over seeds")
+    seed0_rows, mean_rows, diff_rows = blocks[1].splitlines(), blocks[5].splitlines(), blocks[7].splitlines()
+    assert "| programs, all levels | 10.0% | 20.0% | 50.0% |" in seed0_rows
+    assert "| programs, level 1 | 10.0% | 30.0% | 60.0% |" in seed0_rows            # from the metrics row
+    assert "| GSM8K, transfer |  | 10.0% | 25.0% |" in seed0_rows                   # no transfer before training
+    assert "| lines per episode |  | 4.0 | 4.0 |" in seed0_rows
+    # training mean of the correct-negative share: (0.1 + 0.3) / 2; wall-clock from sweep.json, minutes
+    assert "| correct training episodes with a negative advantage (mean over steps) |  | 0.0% | 20.0% |" in seed0_rows
+    assert "| wall-clock in the sweep's record, min (CPU) |  | 10 | 10 |" in seed0_rows
+    # base 20, 40: mean 30, sd 14.142136, half width 12.706205 * 14.142136 / 1.414214 = 127.06: clipped to 0-100
+    assert "| seeds | 0, 1 | 0, 1 | 0, 1 |" in mean_rows
+    assert "| programs, all levels | 7.5% [0.0, 39.3] | 30.0% [0.0, 100.0] | 50.0% [50.0, 50.0] |" in mean_rows
+    # before 10, 5: half width 12.706205 * 3.535534 / 1.414214 = 31.77 -> [0.0, 39.3]; lines 4, 5 are not a share
+    assert "| lines per episode |  | 4.5 [-1.9, 10.9] | 4.5 [-1.9, 10.9] |" in mean_rows
+    # paired: 50 - 20 = 30, 50 - 40 = 10 -> +20, half width 12.706205 * 14.142136 / 1.414214 = 127.06
+    assert blocks[6].startswith("Difference to `base`, paired by seed") and diff_rows[0] == "| measure | `shaped` |"
+    assert "| programs, all levels | +20.0 [-107.1, +147.1] (2) |" in diff_rows
+    assert "| GSM8K, transfer | +10.0 [-53.5, +73.5] (2) |" in diff_rows
 
 
 def test_transcript_figures_read_the_session_after_the_banner() -> None:
