@@ -10,10 +10,11 @@ from pathlib import Path
 SWEEP_HELP = """\
 Train every variant x seed of a sweep spec, each as an ordinary run directory OUT/<variant>/seed<k> made by its
 own `replrl train` process: one at a time, or N at once with --parallel N. A line as each run starts and one as it
-ends. Running the same command again continues the sweep: finished runs are skipped, interrupted ones resumed from
-their last checkpoint (also after raising the budget with --steps). A run that fails does not stop the others; the
-sweep then exits 1 and names it (its output is in its train.log). --print writes the `replrl train` commands
-instead, one per run still to do, for a scheduler (Slurm, Ray, a shell loop).
+ends, with the time the runs left will take at the pace of those this sweep finished. Running the same command
+again continues the sweep: finished runs are skipped, interrupted ones resumed from their last checkpoint (also
+after raising the budget with --steps). A run that fails does not stop the others; the sweep then exits 1 and names
+it (its output is in its train.log). --print writes the `replrl train` commands instead, one per run still to do,
+for a scheduler (Slurm, Ray, a shell loop).
 
 The spec (TOML; see examples/sweep_smoke.toml):
   config = "smoke.toml"                # base config file, relative to the spec (optional)

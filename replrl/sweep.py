@@ -371,6 +371,8 @@ class _Sweeper:
         self.finished = 0
         self.failed: list[str] = []
         self.interrupted = False
+        self.to_go = 0                   # runs this process has to train that have not ended
+        self.done_walls: list[float] = []  # wall-clock of each run this process trained to the end
 
     def run(self) -> list[Path]:
         todo = []
@@ -380,6 +382,7 @@ class _Sweeper:
                 self._report(run, f"skipped ({why})")
             else:
                 todo.append((run, what, why))
+        self.to_go = len(todo)
         with _terminate_like_ctrl_c(), ThreadPoolExecutor(max_workers=self.parallel) as pool:
             futures = [pool.submit(self._attempt, run, what, why) for run, what, why in todo]
             try:
@@ -414,6 +417,17 @@ class _Sweeper:
             self.finished += 1
             self.say(f"[{self.finished}/{len(self.runs)}] {run.name} ... {text}")
 
+    def _eta(self) -> str:
+        """``"; 3 to go, about 2.1 h more (42 min a run, 1 at a time), until about 18:40"``: the runs still to train
+        at the mean wall-clock of the runs this process trained to the end (empty before the first, or at the end)."""
+        if not self.done_walls or not self.to_go:
+            return ""
+        each = sum(self.done_walls) / len(self.done_walls)
+        more = each * self.to_go / min(self.parallel, self.to_go)
+        until = time.strftime("%H:%M", time.localtime(time.time() + more))
+        return (f"; {self.to_go} to go, about {_duration(more)} more ({_duration(each)} a run, "
+                f"{min(self.parallel, self.to_go)} at a time), until about {until}")
+
     def _attempt(self, run: Run, what: str, why: str) -> None:
         if self.interrupted:
             return
@@ -440,13 +454,18 @@ class _Sweeper:
                 self.running.discard(proc)
         record = _record_attempt(run, what, code, wall, self.interrupted)
         resumed = f"resumed {why}, " if what == "resume" else ""
+        with self.lock:
+            self.to_go -= 1
+            if record["status"] == "done":
+                self.done_walls.append(wall)
+            eta = self._eta()
         if self.prune and record["status"] == "done":
             shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True)
         if record["status"] == "failed":
             self.failed.append(run.name)
             self._report(run, f"FAILED (exit {code}) {wall:.0f} s: {_last_line(log_path, start_at)}")
         else:
-            self._report(run, f"{resumed}{record['status']} {record['steps']} steps {wall:.0f} s")
+            self._report(run, f"{resumed}{record['status']} {record['steps']} steps {wall:.0f} s{eta}")
 
     def _env(self) -> dict[str, str]:
         """The parent's environment; the child imports the same replrl (and sandbox) as this process, and with
@@ -458,6 +477,15 @@ class _Sweeper:
         if self.parallel > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.parallel))
         return env
+
+
+def _duration(seconds: float) -> str:
+    """``"40 s"``, ``"42 min"``, ``"2.1 h"``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _train_rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from replrl.cli import build_parser, main
 from replrl.config import Config
 from replrl.configlib import ConfigError, overrides_from_args, resolve
 from replrl.metrics import read_metrics
-from replrl.sweep import plan, print_commands, sweep
+from replrl.sweep import _Sweeper, plan, print_commands, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "examples" / "sweep_smoke.toml"
@@ -63,8 +63,11 @@ def test_sweep_trains_every_variant_and_seed(tmp_path_factory: pytest.TempPathFa
     starts, ends = [ln for ln in lines if ln.startswith("[start] ")], [ln for ln in lines if " ... " in ln]
     assert len(starts) == 4 and len(ends) == 4 and len(lines) == 8
     assert sorted(line.split()[1] for line in ends) == sorted(RUNS)
-    for k, line in enumerate(ends, 1):
-        assert re.fullmatch(rf"\[{k}/4\] \S+/seed[01] \.\.\. done 2 steps \d+ s", line), line
+    for k, line in enumerate(ends, 1):  # then, while runs are left, the time they will take at this sweep's pace
+        took = r"\d+(\.\d)? (s|min|h)"
+        eta = (rf"; {4 - k} to go, about {took} more \({took} a run, {min(2, 4 - k)} at a time\), until about "
+               r"\d\d:\d\d") if k < 4 else ""
+        assert re.fullmatch(rf"\[{k}/4\] \S+/seed[01] \.\.\. done 2 steps \d+ s{eta}", line), line
     for line in starts:
         name = line.split()[1].rstrip(":")
         log = re.escape(str(out / name / "train.log"))
@@ -236,6 +239,20 @@ def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path: Path) -> None:
     assert not (out / "no_syntax_penalty" / "seed0").exists()         # and nothing else started
     stray = subprocess.run(["pgrep", "-f", f"--run-dir={run}"], capture_output=True, text=True).stdout
     assert stray == "", f"a trainer outlived the sweep: {stray}"
+
+
+def test_time_to_go_is_the_mean_finished_run_times_the_runs_left_per_process_slot() -> None:
+    sweeper = _Sweeper([], parallel=2, say=lambda line: None)
+    assert sweeper._eta() == ""                                   # nothing finished yet: no estimate
+    sweeper.done_walls, sweeper.to_go = [600.0, 1200.0], 3       # 15 min a run, 3 left, 2 at a time: 22.5 min
+    assert re.fullmatch(r"; 3 to go, about 22 min more \(15 min a run, 2 at a time\), until about \d\d:\d\d",
+                        sweeper._eta())
+    sweeper.to_go = 1                                             # the last one runs alone
+    assert sweeper._eta().startswith("; 1 to go, about 15 min more (15 min a run, 1 at a time)")
+    sweeper.done_walls, sweeper.to_go = [3 * 3600.0], 4           # 4 left, 2 at a time: 6 h
+    assert sweeper._eta().startswith("; 4 to go, about 6.0 h more (3.0 h a run, 2 at a time)")
+    sweeper.to_go = 0
+    assert sweeper._eta() == ""                                   # the last run's line has none
 
 
 def test_readme_tables_by_hand(tmp_path: Path) -> None:
