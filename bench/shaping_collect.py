@@ -2,7 +2,9 @@
 held-out transcripts (text only, gzipped: the full eval_samples.jsonl holds token ids, ~3.5 MB a run) and the
 held-out figures recomputed from them (eval_figures.json); then compare the runs.
 
-    python bench/shaping_collect.py runs/shaping_cpu docs/results/shaping_cpu --baseline outcome_only
+    python bench/shaping_collect.py runs/shaping_cpu docs/results/shaping_cpu --readme README.md
+
+``--readme`` puts the README's tables (also written to ``tables.md``) between its two marker lines.
 
 The collected records are enough to go on with the sweep on another machine: ``--restore`` puts each collected
 run's config, metrics and sweep record back into the sweep directory, where ``replrl sweep`` then skips it.
@@ -163,7 +165,8 @@ def run_figures(run: Path) -> dict[str, dict[str, float]]:
 
 
 def _cell(values: list[float], fmt: str) -> str:
-    """One value, or the mean over seeds and its 95% t-interval (a share's interval clipped to 0-100%)."""
+    """One value, or the mean over seeds and its 95% t-interval, clipped to what the figure can be (every figure
+    here is >= 0; a share is <= 100%)."""
     from replrl.compare import mean_ci
 
     if not values:
@@ -171,8 +174,7 @@ def _cell(values: list[float], fmt: str) -> str:
     scale, spec = (100, ".1f") if fmt == "pct" else (1, fmt)
     unit = "%" if fmt == "pct" else ""
     mean, lo, hi = mean_ci([v * scale for v in values])
-    if fmt == "pct":
-        lo, hi = max(lo, 0.0), min(hi, 100.0)
+    lo, hi = max(lo, 0.0), min(hi, 100.0) if fmt == "pct" else hi
     if len(values) == 1:
         return f"{mean:{spec}}{unit}"
     return f"{mean:{spec}}{unit} [{lo:{spec}}, {hi:{spec}}]"
@@ -217,7 +219,8 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
     for seed in seeds:
         lines += table(f"Seed {seed}:", [seed]) + [""]
     if len(seeds) > 1:
-        lines += table("Mean over seeds, 95% t-interval (a share's clipped to 0-100%):", seeds) + [""]
+        lines += table("Mean over seeds, 95% t-interval (clipped to what a figure can be: 0-100% for a share, "
+                       ">= 0 for the others):", seeds) + [""]
         lines += [f"Difference to `{baseline}`, paired by seed, in points: mean [95% paired t-interval] (pairs):", "",
                   "| measure | " + " | ".join(f"`{v}`" for v in variants if v != baseline) + " |",
                   "|" + "---|" * len(variants)]
@@ -235,6 +238,18 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
         lines.append("")
     return "\n".join(lines)
 
+
+BEGIN, END = "<!-- shaping tables: begin (bench/shaping_collect.py --readme) -->", "<!-- shaping tables: end -->"
+
+
+def splice(readme: Path, text: str) -> None:
+    """Put ``text`` between the README's BEGIN and END markers (the markers stay), so the README's tables are the
+    collected results' own figures."""
+    doc = readme.read_text()
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        raise SystemExit(f"shaping_collect: {readme} needs one {BEGIN!r} line and, after it, one {END!r} line")
+    head, rest = doc.split(BEGIN)
+    readme.write_text(head + BEGIN + "\n\n" + text.strip() + "\n\n" + END + rest.split(END, 1)[1])
 
 def restore(out: Path, sweep: Path) -> list[Path]:
     """Put every collected run's records back into ``sweep`` (runs already there are left alone)."""
@@ -255,6 +270,7 @@ def main() -> None:
     parser.add_argument("sweep", type=Path, help="the sweep's --out directory")
     parser.add_argument("out", type=Path, help="where the results go (e.g. docs/results/shaping_cpu)")
     parser.add_argument("--baseline", default="outcome_only")
+    parser.add_argument("--readme", type=Path, help="also put the tables into this file, between its markers")
     parser.add_argument("--restore", action="store_true",
                         help="copy the collected runs' records back into the sweep directory (to continue it)")
     args = parser.parse_args()
@@ -268,6 +284,9 @@ def main() -> None:
 
     compare(args.out, out=args.out, baseline=args.baseline)
     (args.out / "tables.md").write_text(tables(args.out, args.baseline))
+    if args.readme:
+        splice(args.readme, tables(args.out, args.baseline))
+        print(f"updated the tables in {args.readme}")
     print(f"wrote {args.out / 'summary.md'}, tables.md (the README's) and compare.png")
 
 

@@ -296,12 +296,29 @@ def test_readme_tables_by_hand(tmp_path: Path) -> None:
     # base 20, 40: mean 30, sd 14.142136, half width 12.706205 * 14.142136 / 1.414214 = 127.06: clipped to 0-100
     assert "| seeds | 0, 1 | 0, 1 | 0, 1 |" in mean_rows
     assert "| programs, all levels | 7.5% [0.0, 39.3] | 30.0% [0.0, 100.0] | 50.0% [50.0, 50.0] |" in mean_rows
-    # before 10, 5: half width 12.706205 * 3.535534 / 1.414214 = 31.77 -> [0.0, 39.3]; lines 4, 5 are not a share
-    assert "| lines per episode |  | 4.5 [-1.9, 10.9] | 4.5 [-1.9, 10.9] |" in mean_rows
+    # before 10, 5: half width 12.706205 * 3.535534 / 1.414214 = 31.77 -> [0.0, 39.3]; lines 4, 5: 4.5 +- 6.35,
+    # not a share, so only the lower end is clipped
+    assert "| lines per episode |  | 4.5 [0.0, 10.9] | 4.5 [0.0, 10.9] |" in mean_rows
     # paired: 50 - 20 = 30, 50 - 40 = 10 -> +20, half width 12.706205 * 14.142136 / 1.414214 = 127.06
     assert blocks[6].startswith("Difference to `base`, paired by seed") and diff_rows[0] == "| measure | `shaped` |"
     assert "| programs, all levels | +20.0 [-107.1, +147.1] (2) |" in diff_rows
     assert "| GSM8K, transfer | +10.0 [-53.5, +73.5] (2) |" in diff_rows
+
+
+def test_readme_splice_replaces_only_what_is_between_the_markers(tmp_path: Path) -> None:
+    collect_script = load_collect_script()
+    begin, end = collect_script.BEGIN, collect_script.END
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Results\nbefore\n{begin}\n\nold table\n\n{end}\nafter\n")
+    collect_script.splice(readme, "| new | table |\n")
+    assert readme.read_text() == f"# Results\nbefore\n{begin}\n\n| new | table |\n\n{end}\nafter\n"
+    collect_script.splice(readme, "| new | table |\n")                # again: the same file
+    assert readme.read_text().count("| new | table |") == 1
+    for broken in (f"{begin}\n", f"{end}\n{begin}\n", f"{begin}\n{end}\n{begin}\n{end}\n"):
+        readme.write_text(broken)
+        with pytest.raises(SystemExit, match="needs one"):
+            collect_script.splice(readme, "x")
+        assert readme.read_text() == broken                              # a README without its markers is kept
 
 
 def test_transcript_figures_read_the_session_after_the_banner() -> None:
