@@ -372,7 +372,7 @@ class _Sweeper:
         self.failed: list[str] = []
         self.interrupted = False
         self.to_go = 0                   # runs this process has to train that have not ended
-        self.done_walls: list[float] = []  # wall-clock of each run this process trained to the end
+        self.done_walls: list[float] = []  # wall-clock of each run this process trained from start to end
 
     def run(self) -> list[Path]:
         todo = []
@@ -419,7 +419,8 @@ class _Sweeper:
 
     def _eta(self) -> str:
         """``"; 3 to go, about 2.1 h more (42 min a run, 1 at a time), until about 18:40"``: the runs still to train
-        at the mean wall-clock of the runs this process trained to the end (empty before the first, or at the end)."""
+        at the mean wall-clock of the runs this process trained from start to end (empty before the first such run, or
+        when none is left)."""
         if not self.done_walls or not self.to_go:
             return ""
         each = sum(self.done_walls) / len(self.done_walls)
@@ -456,7 +457,7 @@ class _Sweeper:
         resumed = f"resumed {why}, " if what == "resume" else ""
         with self.lock:
             self.to_go -= 1
-            if record["status"] == "done":
+            if record["status"] == "done" and what == "start":  # a resumed run's wall-clock is a part of one
                 self.done_walls.append(wall)
             eta = self._eta()
         if self.prune and record["status"] == "done":
