@@ -221,7 +221,8 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
     if len(seeds) > 1:
         lines += table("Mean over seeds, 95% t-interval (clipped to what a figure can be: 0-100% for a share, "
                        ">= 0 for the others):", seeds) + [""]
-        lines += [f"Difference to `{baseline}`, paired by seed, in points: mean [95% paired t-interval] (pairs):", "",
+        lines += [f"Difference to `{baseline}`, paired by seed, in points: mean [95% paired t-interval, clipped to "
+                  "+-100] (pairs):", "",
                   "| measure | " + " | ".join(f"`{v}`" for v in variants if v != baseline) + " |",
                   "|" + "---|" * len(variants)]
         for label, where, key, _ in TABLE_ROWS[:5]:  # the accuracies
@@ -232,6 +233,7 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
                          and name in runs.get((baseline, s), {}).get("after", {})]
                 diffs = [100 * (mine[name] - base[name]) for mine, base in pairs]
                 mean, lo, hi = mean_ci(diffs)
+                lo, hi = max(lo, -100.0), min(hi, 100.0)  # a difference of two shares
                 cells.append("" if not diffs else f"{mean:+.1f}" + ("" if len(diffs) < 2 else
                                                                   f" [{lo:+.1f}, {hi:+.1f}]") + f" ({len(diffs)})")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")

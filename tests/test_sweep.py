@@ -299,9 +299,10 @@ def test_readme_tables_by_hand(tmp_path: Path) -> None:
     # before 10, 5: half width 12.706205 * 3.535534 / 1.414214 = 31.77 -> [0.0, 39.3]; lines 4, 5: 4.5 +- 6.35,
     # not a share, so only the lower end is clipped
     assert "| lines per episode |  | 4.5 [0.0, 10.9] | 4.5 [0.0, 10.9] |" in mean_rows
-    # paired: 50 - 20 = 30, 50 - 40 = 10 -> +20, half width 12.706205 * 14.142136 / 1.414214 = 127.06
+    # paired: 50 - 20 = 30, 50 - 40 = 10 -> +20, half width 12.706205 * 14.142136 / 1.414214 = 127.06, clipped to
+    # +-100 (a difference of two shares); GSM8K 25 - 10, 25 - 20 -> +10 +- 63.53 fits
     assert blocks[6].startswith("Difference to `base`, paired by seed") and diff_rows[0] == "| measure | `shaped` |"
-    assert "| programs, all levels | +20.0 [-107.1, +147.1] (2) |" in diff_rows
+    assert "| programs, all levels | +20.0 [-100.0, +100.0] (2) |" in diff_rows
     assert "| GSM8K, transfer | +10.0 [-53.5, +73.5] (2) |" in diff_rows
 
 
