@@ -55,6 +55,8 @@ CURVES = [  # (panel title, metric)
     ("exceptions per line", "exception_rate"),
     ("lines per episode", "lines_per_episode"),
 ]
+SHARES = {"eval/accuracy", "accuracy", "syntax_error_rate", "exception_rate"}
+"""Curves that are shares (0 to 1): their bands are clipped to that range."""
 
 
 class Measure(NamedTuple):
@@ -264,7 +266,10 @@ def reward_terms(variants: dict[str, list[RunData]]) -> list[str]:
 
 
 def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
-    """One panel per measure (CURVES, then each reward term); per variant its mean over seeds and a 95% band."""
+    """One panel per measure (CURVES, then each reward term); per variant its mean over seeds (thick), each seed
+    (thin, where there are several) and a 95% band. A panel's y-range is that of the lines, not of the bands: with
+    2-3 seeds a t-interval is often far wider than anything a seed logged, and a panel scaled to it shows nothing
+    else; such a band then runs to the panel's edges."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -277,13 +282,30 @@ def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     for ax, (name, key) in zip(axes, panels):
+        drawn: list[float] = []  # every value a line shows: the y-range
         for color, (variant, runs) in zip(colors, variants.items()):
             steps, mean, low, high = variant_curve(runs, key)
             if not any(not math.isnan(v) for v in mean):
                 continue
+            if key in SHARES:
+                low = [v if math.isnan(v) else max(v, 0.0) for v in low]
+                high = [v if math.isnan(v) else min(v, 1.0) for v in high]
+            if len(runs) > 1:
+                for run in runs:
+                    seed_steps, values = step_series(run.rows, key)
+                    dots = "." if sum(not math.isnan(v) for v in values) < 3 else None  # a point is no line
+                    ax.plot(seed_steps, values, color=color, linewidth=0.7, alpha=0.35, marker=dots,
+                            label=f"_{variant} seed")
+                    drawn += values
             every = markevery(mean)
             ax.plot(steps, mean, color=color, marker="o", ms=3, markevery=every, label=f"{variant} (n={len(runs)})")
             ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+            drawn += mean
+        finite = [v for v in drawn if not math.isnan(v)]
+        if finite:
+            lo, hi = min(finite), max(finite)
+            pad = 0.08 * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1.0)
+            ax.set_ylim(lo - pad, hi + pad)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -293,7 +315,7 @@ def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
     with_lines = [ax for ax in axes if ax.lines]
     if with_lines:
         fig.legend(*with_lines[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
-    fig.suptitle(title or "mean over seeds, 95% t-interval band", fontsize=11)
+    fig.suptitle(title or "mean over seeds (thin: each seed), 95% t-interval band", fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.88, 0.97))
     return fig
 
@@ -403,7 +425,8 @@ def compare(paths: str | Path | Sequence[str | Path], out: str | Path | None = N
     baseline = baseline or next(iter(variants))
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not a variant here; variants: {', '.join(variants)}")
-    fig = figure(variants, title=f"{len(variants)} variants: mean over seeds with a 95% t-interval band")
+    fig = figure(variants, title=f"{len(variants)} variants: mean over seeds (thin lines: each seed) with a 95% "
+                                 "t-interval band")
     table, per_run = tables(variants, baseline)
     table.attrs.update(runs=per_run.to_dict("records"), baseline=baseline)
     if out is not None:

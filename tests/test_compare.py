@@ -278,6 +278,20 @@ def test_absent_values_are_gaps_not_bridged(synthetic: Path) -> None:
     assert list(no_submit.get_xdata()) == [1, 2, 3, 4] and np.isnan(no_submit.get_ydata()[1:3]).all()
 
 
+def test_the_figure_shows_each_seed_and_scales_to_the_lines_not_the_bands(synthetic: Path) -> None:
+    fig, _ = compare(synthetic)
+    ax = {a.get_title(): a for a in fig.axes if a.get_visible()}["held-out accuracy"]
+    seeds = [line for line in ax.lines if line.get_label().startswith("_")]      # thin, out of the legend
+    assert sorted(line.get_label() for line in seeds) == ["_base seed"] * 3 + ["_shaped seed"] * 3
+    # base's final accuracies 0.2, 0.4, 0.9: mean 0.5 +- 0.896, a band clipped to what a share can be
+    ys = np.concatenate([c.get_paths()[0].vertices[:, 1] for c in ax.collections])
+    assert ys.min() >= 0.0 and ys.max() <= 1.0 and ys.max() == pytest.approx(1.0)
+    # the y-range is that of the lines (every seed's and mean's values), padded by 8%, not the band's [0, 1]
+    drawn = np.concatenate([line.get_ydata() for line in ax.lines]).astype(float)
+    lo, hi = np.nanmin(drawn), np.nanmax(drawn)
+    assert ax.get_ylim() == pytest.approx((lo - 0.08 * (hi - lo), hi + 0.08 * (hi - lo)))
+
+
 def test_markers_show_isolated_points_of_long_series() -> None:
     from replrl.plot import markevery
 
