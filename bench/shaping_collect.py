@@ -253,6 +253,7 @@ def splice(readme: Path, text: str) -> None:
     head, rest = doc.split(BEGIN)
     readme.write_text(head + BEGIN + "\n\n" + text.strip() + "\n\n" + END + rest.split(END, 1)[1])
 
+
 def restore(out: Path, sweep: Path) -> list[Path]:
     """Put every collected run's records back into ``sweep`` (runs already there are left alone)."""
     restored = []
@@ -285,9 +286,10 @@ def main() -> None:
     from replrl.compare import compare
 
     compare(args.out, out=args.out, baseline=args.baseline)
-    (args.out / "tables.md").write_text(tables(args.out, args.baseline))
+    text = tables(args.out, args.baseline)
+    (args.out / "tables.md").write_text(text)
     if args.readme:
-        splice(args.readme, tables(args.out, args.baseline))
+        splice(args.readme, text)
         print(f"updated the tables in {args.readme}")
     print(f"wrote {args.out / 'summary.md'}, tables.md (the README's) and compare.png")
 
