@@ -97,3 +97,21 @@ def test_a_task_s_rollout_defaults_apply_where_the_user_set_nothing(tmp_path):
     saved = to_dict(resolve(Config, None, {**task, "rollout": {"max_lines": 9}}))
     assert resolve(Config, None, {}, base=saved).rollout.max_lines == 9  # a resumed run keeps its own values
     assert resolve(Config, None, {}).rollout.max_lines == Config().rollout.max_lines
+
+
+def test_every_command_s_help_says_what_it_does_and_fits_a_terminal(capsys):
+    """`replrl <command> --help` for every command: exit 0, a description of at least one sentence under the usage,
+    no line wider than 120 columns (the hand-wrapped descriptions keep their own line breaks)."""
+    from replrl.cli import build_parser, main
+
+    subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subs.choices) >= {"train", "eval", "rollout", "repl", "plot", "sweep", "compare", "env"}
+    for name in subs.choices:
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert done.value.code == 0 and text.startswith(f"usage: replrl {name}"), name
+        description = text.split("\n\n")[1]
+        assert len(description.split()) >= 8 and "." in description, (name, description)
+        wide = [line for line in text.splitlines() if len(line) > 120]
+        assert not wide, (name, wide)
