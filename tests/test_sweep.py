@@ -441,3 +441,16 @@ def test_prune_deletes_a_done_runs_checkpoints_and_keeps_its_results(tmp_path: P
     assert train_steps(run) == [1] and (run / "config.toml").exists()
     assert main(["sweep", str(spec), "--out", str(out), "--prune"]) == 0  # done: skipped, not started afresh
     assert json.loads((run / "sweep.json").read_text())["attempts"][0]["action"] == "start"
+
+
+def test_the_readme_s_shaping_tables_are_made_from_the_committed_records() -> None:
+    """Every figure in the README's shaping tables comes from docs/results/shaping_cpu: regenerating the tables from
+    the committed records gives tables.md byte for byte, and the README holds exactly that between its markers (a
+    hand edit to either, or a record committed without re-running bench/shaping_collect.py, fails here)."""
+    collect_script = load_collect_script()
+    results = ROOT / "docs" / "results" / "shaping_cpu"
+    text = collect_script.tables(results, "outcome_only")
+    assert text == (results / "tables.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    between = readme.split(collect_script.BEGIN, 1)[1].split(collect_script.END, 1)[0]
+    assert between == "\n\n" + text.strip() + "\n\n"
