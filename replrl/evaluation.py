@@ -9,8 +9,9 @@ task with some fields changed, e.g. every level) or ``run.transfer_task`` (anoth
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox import KernelPool, run_sync
 
@@ -20,6 +21,11 @@ from .rewards import RewardModel
 from .rollout import EpisodeRules, rollout, summarize
 from .tasks import load_task
 from .types import Trajectory
+
+if TYPE_CHECKING:
+    from .metrics import EvalWaves
+
+log = logging.getLogger(__name__)
 
 
 def task_from_config(cfg: Config):
@@ -49,10 +55,14 @@ def eval_config(cfg: Config, task_fields: dict[str, Any], fresh: bool = False) -
 
 def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,
              samples_per_problem: int = 1, progress: Any = None,
-             rewards: RewardModel | None = None, episodes: list[Trajectory] | None = None) -> dict[str, float]:
+             rewards: RewardModel | None = None, episodes: list[Trajectory] | None = None,
+             waves: EvalWaves | None = None) -> dict[str, float]:
     """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...).
     ``rewards``: the reward model to score with (the trainer's at its current step); default cfg's at step 0.
-    ``episodes``: a list the episodes are appended to (the trainer saves them as transcripts)."""
+    ``episodes``: a list the episodes are appended to (the trainer saves them as transcripts).
+    ``waves``: where each wave (one rollout of as many episodes as the pool has kernels) is recorded as it ends, and
+    where the waves an interrupted evaluation finished are taken from instead of being sampled again; ``wall_s``
+    then counts this attempt only."""
     t0 = time.perf_counter()
     rewards = rewards or RewardModel.from_config(cfg.rewards)
     rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
@@ -61,11 +71,25 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
     rules = EpisodeRules.from_config(cfg.rollout)
     trajs: list[Trajectory] = []
     chunk = max(1, pool.size // samples_per_problem)
+    reused = 0
     for start in range(0, len(chosen), chunk):
-        part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + chunk], rewards, sampling, rules,
-                                   group_size=samples_per_problem, chat_template=cfg.model.chat_template,
-                                   progress=progress))
+        wave = chosen[start:start + chunk]
+        key = (start, start + len(wave), samples_per_problem, chunk, sampling.seed)
+        part = waves.done(key, len(wave) * samples_per_problem) if waves is not None else None
+        if part is not None:
+            reused += 1
+            if progress is not None:
+                progress.update(len(part))
+        else:
+            part, _ = run_sync(rollout(generator, pool, task, wave, rewards, sampling, rules,
+                                       group_size=samples_per_problem, chat_template=cfg.model.chat_template,
+                                       progress=progress))
+            if waves is not None:
+                waves.add(key, part)
         trajs += part
+    if reused:
+        log.info("%d of %d waves of this evaluation were sampled before the run was resumed", reused,
+                 -(-len(chosen) // chunk))
     out = summarize(trajs)
     out.update(level_accuracy(trajs, {i: row for i, row in chosen}))
     out["wall_s"] = time.perf_counter() - t0

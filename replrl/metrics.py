@@ -37,6 +37,60 @@ def _rewrite(path: Path, lines: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
+def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The lines of a JSONL file with their parsed objects; a line cut by a kill mid-write is skipped."""
+    if not path.exists():
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append((line, json.loads(line)))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+WAVES_FILE = "eval_waves.jsonl"
+"""The episodes of held-out evaluations still running, a wave (one rollout call) at a time."""
+
+
+class EvalWaves:
+    """The finished waves of one held-out evaluation (``label`` at ``step``), kept in eval_waves.jsonl so that a run
+    killed mid-evaluation (a second Ctrl-C, the end of a session) resumes it at the first unfinished wave instead of
+    sampling every problem again. A wave is named by ``key`` (its rows, samples per problem, wave size and sampling
+    seed: what fixes its episodes); one that did not finish writing is sampled again."""
+
+    def __init__(self, run_dir: str | Path, step: int, label: str):
+        self.path = Path(run_dir) / WAVES_FILE
+        self.step, self.label = step, label
+        self._done: dict[tuple, list[Trajectory]] = {}
+        for _, row in _json_lines(self.path):
+            if row.get("step") == step and row.get("eval") == label:
+                key = tuple(row.pop("wave"))
+                del row["step"], row["eval"]
+                self._done.setdefault(key, []).append(Trajectory.from_dict(row))
+
+    def done(self, key: tuple, episodes: int) -> list[Trajectory] | None:
+        """The episodes of wave ``key``, if all ``episodes`` of them were written, else None."""
+        found = self._done.get(tuple(key), [])
+        return found if len(found) == episodes else None
+
+    def add(self, key: tuple, trajs: Sequence[Trajectory]) -> None:
+        """Record a finished wave (one write, flushed to disk: a wave is on disk whole or not at all)."""
+        head = {"step": self.step, "eval": self.label, "wave": list(key)}
+        with open(self.path, "a") as f:
+            f.write("".join(json.dumps({**head, **t.to_dict()}) + "\n" for t in trajs))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def clear(self) -> None:
+        """Drop this evaluation's waves (its episodes and figures are logged)."""
+        if self.path.exists():
+            _rewrite(self.path, [line for line, row in _json_lines(self.path)
+                                 if (row.get("step"), row.get("eval")) != (self.step, self.label)])
+
+
 EVAL_PREFIXES = ("eval/", "transfer/")
 """Key prefixes of held-out rows in metrics.jsonl: the eval task's and the transfer task's figures."""
 
@@ -60,6 +114,7 @@ class MetricsWriter:
         _rewrite(self.path, [json.dumps(r) + "\n" for r in self.kept])
         if resume_after:
             self._cut_samples(resume_after)
+        self._cut_waves(resume_after)
         self._file = open(self.path, "a")
         self._tb = None
         if tensorboard:
@@ -74,18 +129,22 @@ class MetricsWriter:
         evaluated = {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
         for name in SAMPLE_FILES:
             path = self.run_dir / name
-            if not path.exists():
-                continue
-            kept = []
-            with open(path) as f:
-                for line in f:
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError:  # cut by a kill mid-write
-                        continue
-                    if row.get("step", 0) <= step and ("eval" not in row or (row["step"], row["eval"]) in evaluated):
-                        kept.append(line)
-            _rewrite(path, kept)
+            if path.exists():
+                _rewrite(path, [line for line, row in _json_lines(path) if row.get("step", 0) <= step
+                                and ("eval" not in row or (row["step"], row["eval"]) in evaluated)])
+
+    def _cut_waves(self, step: int) -> None:
+        """Keep the waves of the resumed step's evaluations that logged no figures; a fresh run keeps none."""
+        path = self.run_dir / WAVES_FILE
+        if not path.exists():
+            return
+        evaluated = {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
+        _rewrite(path, [line for line, row in _json_lines(path) if step and row.get("step") == step
+                        and (row["step"], row.get("eval")) not in evaluated])
+
+    def eval_waves(self, step: int, label: str) -> EvalWaves:
+        """The finished waves of held-out evaluation ``label`` at ``step`` (what a resumed run need not redo)."""
+        return EvalWaves(self.run_dir, step, label)
 
     def logged(self, step: int, label: str) -> dict[str, Any] | None:
         """The figures of held-out evaluation ``label`` at ``step`` that the run logged before it was resumed (its

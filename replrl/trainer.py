@@ -40,7 +40,7 @@ from .config import Config
 from .configlib import ConfigError, to_toml
 from .evaluation import eval_config, evaluate, split_rows, task_from_config
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
-from .metrics import MetricsWriter
+from .metrics import EvalWaves, MetricsWriter
 from .policy import enable_gradient_checkpointing, load_policy
 from .rewards import RewardModel
 from .rollout import EpisodeRules, rollout, summarize
@@ -60,6 +60,9 @@ class NullMetrics:
         pass
 
     def logged(self, step: int, label: str) -> None:
+        return None
+
+    def eval_waves(self, step: int, label: str) -> None:
         return None
 
     def close(self) -> None:
@@ -477,7 +480,7 @@ class Trainer:
 
     # -- evaluation and checkpoints --------------------------------------------------------------------------
     def evaluate(self, pool: KernelPool, n: int | None = None, desc: str = "eval", which: str = "eval",
-                 episodes: list[Trajectory] | None = None) -> dict[str, float]:
+                 episodes: list[Trajectory] | None = None, waves: EvalWaves | None = None) -> dict[str, float]:
         """Accuracy and per-line statistics on a held-out task (same sampling code as training): ``which`` is
         "eval" (the eval split of the training task, or of run.eval_task) or "transfer" (run.transfer_task)."""
         from tqdm.auto import tqdm
@@ -486,7 +489,7 @@ class Trainer:
         n = n or held.n
         with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
             return evaluate(self.generator, pool, held.task, held.cfg, n, progress=bar,
-                            rewards=self.rewards.at(self.step), episodes=episodes)
+                            rewards=self.rewards.at(self.step), episodes=episodes, waves=waves)
 
     def evaluate_all(self, pool: KernelPool, when: str = "") -> dict[str, float]:
         """Every held-out task (eval, then transfer if set): figures logged as eval/<m> and transfer/<m> at this
@@ -500,10 +503,13 @@ class Trainer:
                 continue
             episodes: list[Trajectory] = []
             desc = f"{label} ({task.name}){' ' + when + ' training' if when else ''}"
-            figures[label] = self.evaluate(pool, desc=desc, which=label, episodes=episodes)
+            waves = self.metrics.eval_waves(self.step, label)  # finished waves are kept: a kill loses one at most
+            figures[label] = self.evaluate(pool, desc=desc, which=label, episodes=episodes, waves=waves)
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
             self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
+            if waves is not None:
+                waves.clear()
         if "transfer" in figures:
             self.evals["transfer_" + (when or "after")] = figures["transfer"]
         return figures["eval"]

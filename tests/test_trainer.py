@@ -322,6 +322,55 @@ def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, t
     assert max(json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()) == 1
 
 
+def test_a_kill_mid_evaluation_loses_one_wave_at_most(format_model_dir, tmp_path, monkeypatch):
+    """A held-out evaluation runs in waves (as many episodes as the pool has kernels: 8 here, so 20 problems are
+    waves of 8, 8 and 4); each finished wave is written to eval_waves.jsonl. A run killed in its third wave resumes
+    the evaluation there: only its 4 problems are sampled again, and the figures and transcripts are those of a run
+    that was never interrupted."""
+    import replrl.evaluation
+    from replrl.metrics import EvalWaves
+
+    cfg = toy_config(format_model_dir, max_steps=1, eval_n=20, eval_every=1, eval_before=False)
+    Trainer(cfg, tmp_path / "whole", progress=False).train()
+    whole = [r for r in read_metrics(tmp_path / "whole") if "eval/accuracy" in r]
+    assert [r["step"] for r in whole] == [1] and not (tmp_path / "whole" / "eval_waves.jsonl").read_text()
+
+    real_add, written = EvalWaves.add, []
+
+    def add_then_die(self, key, trajs):
+        real_add(self, key, trajs)
+        written.append(key)
+        if len(written) == 2:
+            raise KeyboardInterrupt  # killed after two waves were written
+    monkeypatch.setattr(EvalWaves, "add", add_then_die)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, run, progress=False).train()
+    assert not [r for r in read_metrics(run) if "eval/accuracy" in r]  # no figures logged
+    kept = [json.loads(line) for line in (run / "eval_waves.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["eval"], r["wave"][:2]) for r in kept] == [(1, "eval", [0, 8])] * 8 + \
+        [(1, "eval", [8, 16])] * 8
+    with open(run / "eval_waves.jsonl", "a") as f:
+        f.write(json.dumps({**kept[0], "wave": [16, 20, 1, 8, kept[0]["wave"][4]]})[:-20])  # cut mid-write
+    monkeypatch.setattr(EvalWaves, "add", real_add)
+
+    real_rollout, sampled = replrl.evaluation.rollout, []
+
+    def counted(generator, pool, task, rows, *args, **kwargs):
+        sampled.extend(i for i, _ in rows)
+        return real_rollout(generator, pool, task, rows, *args, **kwargs)
+    monkeypatch.setattr(replrl.evaluation, "rollout", counted)
+    Trainer(cfg, run, resume=True, progress=False).train()
+    assert sampled == [16, 17, 18, 19]                                   # the third wave only
+    again = [r for r in read_metrics(run) if "eval/accuracy" in r]
+    assert [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in again] == \
+        [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in whole]
+    texts = [[json.loads(line)["text"] for line in (d / "eval_samples.jsonl").read_text().splitlines()]
+             for d in (tmp_path / "whole", run)]
+    assert texts[0] == texts[1] and len(texts[0]) == 20
+    assert (run / "eval_waves.jsonl").read_text() == ""                   # emptied once the figures are logged
+
+
 @pytest.mark.parametrize("transfer, message", [
     ({"nme": "gsm8k"}, "run.transfer_task: 'nme' is not a [task] field"),
     ({"level": 2}, "run.transfer_task needs a task name"),
