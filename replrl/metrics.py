@@ -104,7 +104,8 @@ class MetricsWriter:
     """Appends one JSON object per step. On resume, lines after the resumed step (written after the last checkpoint
     by the interrupted run) are dropped first, so the file continues as one consistent series; the episode files
     are cut the same way, and held-out episodes whose evaluation never logged its figures (a kill mid-evaluation)
-    go too. ``logged(step, label)`` tells the resumed run which evaluations it need not repeat."""
+    go too (their finished waves stay in eval_waves.jsonl, see ``EvalWaves``); a fresh start empties them all.
+    ``logged(step, label)`` tells the resumed run which evaluations it need not repeat."""
 
     def __init__(self, run_dir: str | Path, resume_after: int = 0, tensorboard: bool = True):
         self.run_dir = Path(run_dir)
@@ -112,8 +113,7 @@ class MetricsWriter:
         self.kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= resume_after] if resume_after \
             else []
         _rewrite(self.path, [json.dumps(r) + "\n" for r in self.kept])
-        if resume_after:
-            self._cut_samples(resume_after)
+        self._cut_samples(resume_after)  # a fresh start in the directory of a run killed before its first save: all
         self._cut_waves(resume_after)
         self._file = open(self.path, "a")
         self._tb = None
@@ -134,12 +134,13 @@ class MetricsWriter:
                                 and ("eval" not in row or (row["step"], row["eval"]) in evaluated)])
 
     def _cut_waves(self, step: int) -> None:
-        """Keep the waves of the resumed step's evaluations that logged no figures; a fresh run keeps none."""
+        """Keep the waves of the resumed step's evaluations that logged no figures. A fresh start keeps those of step
+        0, the untrained model's evaluation: the trainer only starts afresh in a directory holding the same config."""
         path = self.run_dir / WAVES_FILE
         if not path.exists():
             return
         evaluated = {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
-        _rewrite(path, [line for line, row in _json_lines(path) if step and row.get("step") == step
+        _rewrite(path, [line for line, row in _json_lines(path) if row.get("step") == step
                         and (row["step"], row.get("eval")) not in evaluated])
 
     def eval_waves(self, step: int, label: str) -> EvalWaves:

@@ -371,6 +371,40 @@ def test_a_kill_mid_evaluation_loses_one_wave_at_most(format_model_dir, tmp_path
     assert (run / "eval_waves.jsonl").read_text() == ""                   # emptied once the figures are logged
 
 
+def test_a_run_killed_in_its_untrained_evaluation_starts_again_without_repeating_its_finished_waves(
+        format_model_dir, tmp_path, monkeypatch):
+    """Killed during the "before" evaluation there is no checkpoint to resume, so the run starts afresh in its
+    directory (the same config): the untrained model's finished waves are kept, and nothing the killed attempt wrote
+    is duplicated."""
+    import replrl.evaluation
+    from replrl.metrics import EvalWaves
+
+    cfg = toy_config(format_model_dir, max_steps=1, eval_n=12, eval_every=0, eval_before=True)
+    real_add = EvalWaves.add
+
+    def die(self, key, trajs):
+        real_add(self, key, trajs)
+        raise KeyboardInterrupt  # killed after the first wave (8 of 12 problems)
+    monkeypatch.setattr(EvalWaves, "add", die)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, run, progress=False).train()
+    monkeypatch.setattr(EvalWaves, "add", real_add)
+    real_rollout, sampled = replrl.evaluation.rollout, []
+
+    def counted(generator, pool, task, rows, *args, **kwargs):
+        sampled.append([i for i, _ in rows])
+        return real_rollout(generator, pool, task, rows, *args, **kwargs)
+    monkeypatch.setattr(replrl.evaluation, "rollout", counted)
+    Trainer(cfg, run, progress=False).train()
+    assert sampled == [[8, 9, 10, 11], list(range(8)), [8, 9, 10, 11]]  # before: the rest; after: all of it
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1] and [r["eval/episodes"] for r in rows
+                                                                         if "eval/accuracy" in r] == [12, 12]
+    steps = [json.loads(line)["step"] for line in (run / "eval_samples.jsonl").read_text().splitlines()]
+    assert steps == [0] * 12 + [1] * 12
+
+
 @pytest.mark.parametrize("transfer, message", [
     ({"nme": "gsm8k"}, "run.transfer_task: 'nme' is not a [task] field"),
     ({"level": 2}, "run.transfer_task needs a task name"),
