@@ -390,6 +390,7 @@ def test_a_run_killed_in_its_untrained_evaluation_starts_again_without_repeating
     with pytest.raises(KeyboardInterrupt):
         Trainer(cfg, run, progress=False).train()
     monkeypatch.setattr(EvalWaves, "add", real_add)
+    (run / "samples.jsonl").write_text(json.dumps({"step": 1, "text": "from the killed attempt"}) + "\n")
     real_rollout, sampled = replrl.evaluation.rollout, []
 
     def counted(generator, pool, task, rows, *args, **kwargs):
@@ -403,6 +404,7 @@ def test_a_run_killed_in_its_untrained_evaluation_starts_again_without_repeating
                                                                          if "eval/accuracy" in r] == [12, 12]
     steps = [json.loads(line)["step"] for line in (run / "eval_samples.jsonl").read_text().splitlines()]
     assert steps == [0] * 12 + [1] * 12
+    assert "from the killed attempt" not in (run / "samples.jsonl").read_text()
 
 
 @pytest.mark.parametrize("transfer, message", [
