@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR (or --run-dir) from its last good checkpoint")
     p.add_argument("--max-steps", type=int, help="shorthand for --run.max_steps")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (for a log file): a timed line per step and per evaluation instead")
     add_arguments(p, Config)
     p.set_defaults(func=run_train)
 
@@ -73,6 +75,22 @@ def _default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{name}-{Path(cfg.task.name).name.replace(':', '-')}"
 
 
+def _lines_not_bars() -> None:
+    """--no-progress: no bars from the libraries either (transformers' "Loading weights", "Writing model shards",
+    datasets' "Generating split"), which fill a log file with carriage returns; replrl's INFO lines, with the time,
+    say what the bar would have."""
+    import datasets
+    import huggingface_hub.utils
+    import transformers.utils.logging
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
+    logging.getLogger("replrl").setLevel(logging.INFO)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+
+
 def run_train(args: argparse.Namespace) -> int:
     overrides = overrides_from_args(args)
     if args.max_steps is not None:
@@ -92,6 +110,9 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = resolve(Config, args.config, overrides)
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
     from .trainer import Trainer  # torch, transformers, the sandbox: after the config is known to be valid
+
+    if args.no_progress:
+        _lines_not_bars()
 
     trainer = Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress)
     trainer.train()

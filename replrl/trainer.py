@@ -264,6 +264,11 @@ class Trainer:
                 budget = {} if deadline == math.inf else {"budget_left": f"{(deadline - time.monotonic()) / 60:.1f}m"}
                 bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
                                 syntax=f"{m['syntax_error_rate']:.2f}", **budget, refresh=False)
+                if self.main and not self.progress:  # no bar (a log file): a line a step instead
+                    log.info("step %d/%d: reward %.3f, accuracy %.2f, syntax errors %.2f per line, %.1f lines per "
+                             "episode; %.0f s (rollout %.0f s, update %.0f s)", self.step, cfg.run.max_steps,
+                             m["reward_mean"], m["accuracy"], m["syntax_error_rate"], m["lines_per_episode"],
+                             m["step_s"], m["rollout_s"], m["update_s"])
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
                 if self.main and cfg.run.eval_n and self._eval_due(self.step):
@@ -508,6 +513,8 @@ class Trainer:
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
             self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
+            log.info("%s at step %d: accuracy %.3f over %d episodes (%.0f s)", label, self.step,
+                     figures[label]["accuracy"], figures[label]["episodes"], figures[label]["wall_s"])
             if waves is not None:
                 waves.clear()
         if "transfer" in figures:

@@ -75,6 +75,11 @@ def test_sweep_trains_every_variant_and_seed(tmp_path_factory: pytest.TempPathFa
     for name in RUNS:
         run = out / name
         assert train_steps(run) == [1, 2] and eval_steps(run) == [0, 2]
+        log = (run / "train.log").read_text()  # --no-progress: no bar, the libraries' neither; a timed line a step
+        assert "\r" not in log and "it/s]" not in log, log
+        stamp = r"\n\d\d:\d\d:\d\d INFO replrl\.trainer: "
+        assert re.search(stamp + r"step 2/2: reward -?\d\.\d{3}, accuracy ", log), log
+        assert re.search(stamp + r"eval at step 2: accuracy \d\.\d{3} over 2 episodes", log), log
         record = json.loads((run / "sweep.json").read_text())
         assert record["status"] == "done" and record["steps"] == 2 and record["episodes"] == 4
         assert record["wall_s"] > 0 and [a["action"] for a in record["attempts"]] == ["start"]
