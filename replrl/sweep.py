@@ -464,7 +464,7 @@ class _Sweeper:
             shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True)
         if record["status"] == "failed":
             self.failed.append(run.name)
-            self._report(run, f"FAILED (exit {code}) {wall:.0f} s: {_last_line(log_path, start_at)}")
+            self._report(run, f"FAILED ({_exit_text(code)}) {wall:.0f} s: {_last_line(log_path, start_at)}")
         else:
             self._report(run, f"{resumed}{record['status']} {record['steps']} steps {wall:.0f} s{eta}")
 
@@ -572,6 +572,19 @@ def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bo
               "command": shlex.join(run.command()), "attempts": attempts}
     _write_record(run.run_dir, record)
     return record
+
+
+def _exit_text(code: int) -> str:
+    """How a trainer process ended, for the FAILED line: its exit status, or the signal that killed it (SIGKILL
+    with no one asking is most often the kernel's out-of-memory killer, and the run's log cannot say so)."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = ": out of memory? see dmesg; run the sweep again to resume it" if -code == signal.SIGKILL else ""
+    return f"killed by {name}{hint}"
 
 
 def _last_line(log_path: Path, start_at: int) -> str:

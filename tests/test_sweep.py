@@ -20,7 +20,7 @@ from replrl.cli import build_parser, main
 from replrl.config import Config
 from replrl.configlib import ConfigError, overrides_from_args, resolve
 from replrl.metrics import read_metrics
-from replrl.sweep import _Sweeper, plan, print_commands, sweep
+from replrl.sweep import _exit_text, _Sweeper, plan, print_commands, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "examples" / "sweep_smoke.toml"
@@ -459,3 +459,10 @@ def test_the_readme_s_shaping_tables_are_made_from_the_committed_records() -> No
     readme = (ROOT / "README.md").read_text()
     between = readme.split(collect_script.BEGIN, 1)[1].split(collect_script.END, 1)[0]
     assert between == "\n\n" + text.strip() + "\n\n"
+
+
+def test_a_failed_run_says_how_its_trainer_ended() -> None:
+    assert _exit_text(1) == "exit 1"
+    assert _exit_text(-9) == "killed by SIGKILL: out of memory? see dmesg; run the sweep again to resume it"
+    assert _exit_text(-11) == "killed by SIGSEGV"
+    assert _exit_text(-200) == "killed by signal 200"
