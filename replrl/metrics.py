@@ -113,7 +113,7 @@ class MetricsWriter:
         self.kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= resume_after] if resume_after \
             else []
         _rewrite(self.path, [json.dumps(r) + "\n" for r in self.kept])
-        self._cut_samples(resume_after)  # a fresh start in the directory of a run killed before its first save: all
+        self._cut_samples(resume_after)  # a fresh start (after a run killed before its first save) keeps none
         self._cut_waves(resume_after)
         self._file = open(self.path, "a")
         self._tb = None
