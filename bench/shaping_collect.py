@@ -222,7 +222,8 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
         lines += table("Mean over seeds, 95% t-interval (clipped to what a figure can be: 0-100% for a share, "
                        ">= 0 for the others):", seeds) + [""]
         lines += [f"Difference to `{baseline}`, paired by seed, in points: mean [95% paired t-interval, clipped to "
-                  "+-100] (pairs):", "",
+                  "+-100] (pairs). Equal differences at every seed give an interval of zero width, not a certainty:",
+                  "",
                   "| measure | " + " | ".join(f"`{v}`" for v in variants if v != baseline) + " |",
                   "|" + "---|" * len(variants)]
         for label, where, key, _ in TABLE_ROWS[:5]:  # the accuracies
