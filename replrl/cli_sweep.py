@@ -34,11 +34,11 @@ examples:
 
 COMPARE_HELP = """\
 Compare runs: one PNG with a panel per measure (reward, held-out accuracy, per-line syntax-error and exception
-rates, lines per episode, each reward term), per variant the mean over seeds, each seed as a thin line, and a 95%
-t-interval band (a panel's y-range is the lines', so a band wider than that runs to its edges); steps where a
-measure was not logged are gaps. A table per variant (markdown and CSV): the final held-out accuracy and per-line
-error rates, mean and 95% CI over seeds, and the difference to the baseline paired by seed with a 95% paired
-t-interval; and per run: wall-clock, steps and episodes.
+rates, lines per episode, each reward term), per variant the mean over seeds, each seed as a thin line, and from 3
+seeds on a 95% t-interval band (a panel's y-range is the lines', so a band wider than that runs to its edges);
+steps where a measure was not logged are gaps. A table per variant (markdown and CSV): the final held-out
+accuracy and per-line error rates, mean and 95% CI over seeds, and the difference to the baseline paired by seed
+with a 95% paired t-interval; and per run: wall-clock, steps and episodes.
 
 Each argument is a sweep directory (its OUT/<variant>/seed<k> runs, grouped by variant), a variant directory
 (its seed<k> runs) or a single run directory (a variant of its own).

@@ -21,7 +21,8 @@ and ``transfer/wall_s`` (which leaves out start-up, model loading and checkpoint
 
 Statistics, per variant, over its seeds (n of them):
 - curves: at each step, the mean of the seeds that logged the measure there, and a 95% t-interval band
-  (mean +- t(0.975, n-1) * sd / sqrt(n), no band where n < 2). A step where no seed logged it is a gap.
+  (mean +- t(0.975, n-1) * sd / sqrt(n); drawn from 3 seeds on, see MIN_BAND_SEEDS). A step where no seed logged
+  it is a gap.
 - table: each measure's mean and 95% t-interval over seeds; the difference to the baseline paired by seed, mean
   and 95% paired t-interval over the seed pairs (no interval for one pair). Not a bootstrap: at the 2-5 seeds a
   sweep affords, a percentile bootstrap's "95%" interval is about the range of the differences (for 3 pairs,
@@ -57,6 +58,11 @@ CURVES = [  # (panel title, metric)
 ]
 SHARES = {"eval/accuracy", "accuracy", "syntax_error_rate", "exception_rate"}
 """Curves that are shares (0 to 1): their bands are clipped to that range."""
+
+MIN_BAND_SEEDS = 3
+"""Seeds a variant needs for a band in the figure. With 2 the 95% t-interval is the mean +- 6.4 times the two
+seeds' difference (t = 12.7): a band over the whole panel, hiding the other variants, where the two thin seed
+lines already show the spread."""
 
 
 class Measure(NamedTuple):
@@ -267,9 +273,9 @@ def reward_terms(variants: dict[str, list[RunData]]) -> list[str]:
 
 def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
     """One panel per measure (CURVES, then each reward term); per variant its mean over seeds (thick), each seed
-    (thin, where there are several) and a 95% band. A panel's y-range is that of the lines, not of the bands: with
-    2-3 seeds a t-interval is often far wider than anything a seed logged, and a panel scaled to it shows nothing
-    else; such a band then runs to the panel's edges."""
+    (thin, where there are several) and, from MIN_BAND_SEEDS seeds on, a 95% band. A panel's y-range is that of
+    the lines, not of the bands: with 3 seeds a t-interval is often far wider than anything a seed logged, and a
+    panel scaled to it shows nothing else; such a band then runs to the panel's edges."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -299,7 +305,8 @@ def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
                     drawn += values
             every = markevery(mean)
             ax.plot(steps, mean, color=color, marker="o", ms=3, markevery=every, label=f"{variant} (n={len(runs)})")
-            ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+            if len(runs) >= MIN_BAND_SEEDS:
+                ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
             drawn += mean
         finite = [v for v in drawn if not math.isnan(v)]
         if finite:
@@ -315,7 +322,7 @@ def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
     with_lines = [ax for ax in axes if ax.lines]
     if with_lines:
         fig.legend(*with_lines[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
-    fig.suptitle(title or "mean over seeds (thin: each seed), 95% t-interval band", fontsize=11)
+    fig.suptitle(title or "mean over seeds (thin: each seed), 95% t-interval band from 3 seeds", fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.88, 0.97))
     return fig
 
@@ -425,8 +432,8 @@ def compare(paths: str | Path | Sequence[str | Path], out: str | Path | None = N
     baseline = baseline or next(iter(variants))
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not a variant here; variants: {', '.join(variants)}")
-    fig = figure(variants, title=f"{len(variants)} variants: mean over seeds (thin lines: each seed) with a 95% "
-                                 "t-interval band")
+    fig = figure(variants, title=f"{len(variants)} variants: mean over seeds (thin lines: each seed), with a 95% "
+                                 f"t-interval band from {MIN_BAND_SEEDS} seeds on")
     table, per_run = tables(variants, baseline)
     table.attrs.update(runs=per_run.to_dict("records"), baseline=baseline)
     if out is not None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
+import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
@@ -290,6 +292,17 @@ def test_the_figure_shows_each_seed_and_scales_to_the_lines_not_the_bands(synthe
     drawn = np.concatenate([line.get_ydata() for line in ax.lines]).astype(float)
     lo, hi = np.nanmin(drawn), np.nanmax(drawn)
     assert ax.get_ylim() == pytest.approx((lo - 0.08 * (hi - lo), hi + 0.08 * (hi - lo)))
+
+
+def test_two_seeds_get_their_lines_and_no_band(synthetic: Path) -> None:
+    """With 2 seeds the band would be the mean +- 6.4 times their difference: the thin seed lines show it instead."""
+    shutil.rmtree(synthetic / "base" / "seed2")
+    fig, _ = compare(synthetic)
+    ax = {a.get_title(): a for a in fig.axes if a.get_visible()}["held-out accuracy"]
+    assert sorted(line.get_label() for line in ax.lines if line.get_label().startswith("_")) == \
+        ["_base seed"] * 2 + ["_shaped seed"] * 3
+    bands = [c for c in ax.collections if c.get_paths()]
+    assert len(bands) == 1 and bands[0].get_facecolor()[0][:3] == pytest.approx(matplotlib.colors.to_rgb("C0"))
 
 
 def test_markers_show_isolated_points_of_long_series() -> None:
