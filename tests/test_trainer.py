@@ -195,7 +195,9 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, sig):
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.time() + 240
-    while not read_metrics(run) and time.time() < deadline and proc.poll() is None:
+    # a training step has been logged (not only the untrained evaluation's row: a signal that arrives before the
+    # first step begins leaves nothing to save), so the signal finds the run in a step
+    while not any(r["step"] >= 1 for r in read_metrics(run)) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert list(tmp.glob("replrl-kernel-*")), "the run's kernels keep their directories in TMPDIR"
     proc.send_signal(sig)
