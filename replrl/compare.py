@@ -322,7 +322,8 @@ def figure(variants: dict[str, list[RunData]], title: str = "") -> Any:
     with_lines = [ax for ax in axes if ax.lines]
     if with_lines:
         fig.legend(*with_lines[0].get_legend_handles_labels(), loc="upper right", fontsize=9)
-    fig.suptitle(title or "mean over seeds (thin: each seed), 95% t-interval band from 3 seeds", fontsize=11)
+    fig.suptitle(title or f"mean over seeds (thin: each seed), 95% t-interval band from {MIN_BAND_SEEDS} seeds",
+                 fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.88, 0.97))
     return fig
 

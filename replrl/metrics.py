@@ -125,8 +125,12 @@ class MetricsWriter:
             except ImportError:
                 log.info("tensorboard is not installed: metrics go to metrics.jsonl only")
 
+    def _evaluated(self) -> set[tuple[int, str]]:
+        """(step, label) of every held-out evaluation whose figures the kept rows log."""
+        return {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
+
     def _cut_samples(self, step: int) -> None:
-        evaluated = {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
+        evaluated = self._evaluated()
         for name in SAMPLE_FILES:
             path = self.run_dir / name
             if path.exists():
@@ -139,7 +143,7 @@ class MetricsWriter:
         path = self.run_dir / WAVES_FILE
         if not path.exists():
             return
-        evaluated = {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
+        evaluated = self._evaluated()
         _rewrite(path, [line for line, row in _json_lines(path) if row.get("step") == step
                         and (row["step"], row.get("eval")) not in evaluated])
 
