@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sandbox import KernelPool, run_sync
@@ -53,16 +54,27 @@ def eval_config(cfg: Config, task_fields: dict[str, Any], fresh: bool = False) -
     return dataclasses.replace(cfg, task=TaskConfig(**{**base, **task_fields}))
 
 
+class EvaluationStopped(Exception):
+    """``evaluate`` was asked to stop (Ctrl-C in a run): its finished waves are recorded, the rest were not
+    sampled; evaluating again with the same waves finishes it."""
+
+    def __init__(self, done: int, total: int):
+        super().__init__(f"stopped after {done} of {total} waves")
+        self.done, self.total = done, total
+
+
 def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,
              samples_per_problem: int = 1, progress: Any = None,
              rewards: RewardModel | None = None, episodes: list[Trajectory] | None = None,
-             waves: EvalWaves | None = None) -> dict[str, float]:
+             waves: EvalWaves | None = None, stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...).
     ``rewards``: the reward model to score with (the trainer's at its current step); default cfg's at step 0.
     ``episodes``: a list the episodes are appended to (the trainer saves them as transcripts).
     ``waves``: where each wave (one rollout of as many episodes as the pool has kernels) is recorded as it ends, and
     where the waves an interrupted evaluation finished are taken from instead of being sampled again; ``wall_s``
-    then counts this attempt only."""
+    then counts this attempt only.
+    ``stop``: asked before each wave is sampled (with ``waves`` only, which keep what is done); when it returns
+    True, ``EvaluationStopped`` is raised instead of sampling the rest."""
     t0 = time.perf_counter()
     rewards = rewards or RewardModel.from_config(cfg.rewards)
     rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
@@ -71,7 +83,7 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
     rules = EpisodeRules.from_config(cfg.rollout)
     trajs: list[Trajectory] = []
     chunk = max(1, pool.size // samples_per_problem)
-    reused = 0
+    reused, total = 0, -(-len(chosen) // chunk)
     for start in range(0, len(chosen), chunk):
         wave = chosen[start:start + chunk]
         key = (start, start + len(wave), samples_per_problem, chunk, sampling.seed)
@@ -81,6 +93,8 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
             if progress is not None:
                 progress.update(len(part))
         else:
+            if waves is not None and stop is not None and stop():
+                raise EvaluationStopped(start // chunk, total)
             part, _ = run_sync(rollout(generator, pool, task, wave, rewards, sampling, rules,
                                        group_size=samples_per_problem, chat_template=cfg.model.chat_template,
                                        progress=progress))
@@ -88,8 +102,7 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
                 waves.add(key, part)
         trajs += part
     if reused:
-        log.info("%d of %d waves of this evaluation were sampled before the run was resumed", reused,
-                 -(-len(chosen) // chunk))
+        log.info("%d of %d waves of this evaluation were sampled before the run was resumed", reused, total)
     out = summarize(trajs)
     out.update(level_accuracy(trajs, {i: row for i, row in chosen}))
     out["wall_s"] = time.perf_counter() - t0

@@ -95,7 +95,7 @@ EVAL_PREFIXES = ("eval/", "transfer/")
 """Key prefixes of held-out rows in metrics.jsonl: the eval task's and the transfer task's figures."""
 
 
-def _held_out_labels(row: dict[str, Any]) -> set[str]:
+def held_out_labels(row: dict[str, Any]) -> set[str]:
     """The held-out evaluations a metrics row logs (``eval/accuracy`` -> "eval")."""
     return {p[:-1] for p in EVAL_PREFIXES if any(k.startswith(p) for k in row)}
 
@@ -127,7 +127,7 @@ class MetricsWriter:
 
     def _evaluated(self) -> set[tuple[int, str]]:
         """(step, label) of every held-out evaluation whose figures the kept rows log."""
-        return {(r["step"], label) for r in self.kept for label in _held_out_labels(r)}
+        return {(r["step"], label) for r in self.kept for label in held_out_labels(r)}
 
     def _cut_samples(self, step: int) -> None:
         evaluated = self._evaluated()

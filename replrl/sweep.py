@@ -495,6 +495,18 @@ def _train_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in read_metrics(run_dir) if "episodes" in r]  # training steps (not evaluations)
 
 
+def _evaluated_at(run: Run, step: int) -> bool:
+    """Whether every held-out evaluation the run's config asks for (eval; transfer too when set) logged its figures
+    at ``step``: a run stopped in its final evaluation has its steps and checkpoint but not these."""
+    from .metrics import held_out_labels, read_metrics
+
+    r = run.cfg.run
+    wanted = {"eval", *(("transfer",) if r.transfer_task and r.transfer_n else ())} if r.eval_n else set()
+    logged = {label for row in read_metrics(run.run_dir) if row.get("step") == step
+              for label in held_out_labels(row)}
+    return wanted <= logged
+
+
 def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
     path = run_dir / RUN_RECORD
     tmp = path.with_suffix(".json.tmp")
@@ -549,12 +561,12 @@ def _terminate_like_ctrl_c() -> Iterator[None]:
 
 def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bool) -> dict[str, Any]:
     """Update ``RUN_DIR/sweep.json`` after an attempt: done when the run reached max_steps, or its time budget ended
-    it; interrupted when it stopped early on a signal; failed on a non-zero exit. The wall-clock is the sum over the
-    run's attempts since its last start, lost ones included."""
+    it; interrupted when it stopped early on a signal (in its last steps or in its final evaluation); failed on a
+    non-zero exit. The wall-clock is the sum over the run's attempts since its last start, lost ones included."""
     rows = _train_rows(run.run_dir)
     steps = max((r["step"] for r in rows), default=0)
     r = run.cfg.run
-    if interrupted and (code != 0 or steps < r.max_steps):
+    if interrupted and (code != 0 or steps < r.max_steps or not _evaluated_at(run, steps)):
         status = "interrupted"  # the sweep was stopped: the trainer saved and exited, or died at start-up
     elif code != 0:
         status = "failed"

@@ -38,7 +38,7 @@ from .backends import load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_toml
-from .evaluation import eval_config, evaluate, split_rows, task_from_config
+from .evaluation import EvaluationStopped, eval_config, evaluate, split_rows, task_from_config
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
 from .metrics import EvalWaves, MetricsWriter
 from .policy import enable_gradient_checkpointing, load_policy
@@ -254,9 +254,9 @@ class Trainer:
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
             if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
-                self.evals["before"] = self.evaluate_all(pool, "before")
+                self.evaluate_all(pool, "before")
             if self.main and cfg.run.eval_n and self._resumed and self._eval_due(self.step):
-                self.evals["after"] = self.evaluate_all(pool)  # the parts a kill interrupted; finished ones are kept
+                self.evaluate_all(pool)  # the parts a kill interrupted; finished ones are kept
             while self.step < cfg.run.max_steps and not self._stop:
                 result = self.train_step(pool)
                 bar.update(1)
@@ -272,7 +272,7 @@ class Trainer:
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
                 if self.main and cfg.run.eval_n and self._eval_due(self.step):
-                    self.evals["after"] = self.evaluate_all(pool)
+                    self.evaluate_all(pool)
                 if on_step is not None:
                     on_step(result)
                 # every rank stops after the same step, and for the same reason (Ctrl-C skips the last evaluation)
@@ -286,7 +286,7 @@ class Trainer:
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
             if self.main and cfg.run.eval_n and self.step and not self._stop and not self._eval_due(self.step):
-                self.evals["after"] = self.evaluate_all(pool, "after")
+                self.evaluate_all(pool, "after")
         finally:
             bar.close()
             run_sync(pool.close())
@@ -349,7 +349,8 @@ class Trainer:
             raise KeyboardInterrupt
         self._stop = True
         what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        log.warning("%s: finishing this step, saving a checkpoint, then exiting (again to abort)", what)
+        log.warning("%s: finishing this step (in an evaluation: its wave), saving a checkpoint, then exiting "
+                    "(again to abort)", what)
 
     def train_step(self, pool: KernelPool) -> StepResult:
         cfg, t_step = self.cfg, time.perf_counter()
@@ -485,20 +486,23 @@ class Trainer:
 
     # -- evaluation and checkpoints --------------------------------------------------------------------------
     def evaluate(self, pool: KernelPool, n: int | None = None, desc: str = "eval", which: str = "eval",
-                 episodes: list[Trajectory] | None = None, waves: EvalWaves | None = None) -> dict[str, float]:
+                 episodes: list[Trajectory] | None = None, waves: EvalWaves | None = None,
+                 stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """Accuracy and per-line statistics on a held-out task (same sampling code as training): ``which`` is
-        "eval" (the eval split of the training task, or of run.eval_task) or "transfer" (run.transfer_task)."""
+        "eval" (the eval split of the training task, or of run.eval_task) or "transfer" (run.transfer_task).
+        ``waves`` and ``stop``: see ``evaluation.evaluate``."""
         from tqdm.auto import tqdm
 
         held = next(h for h in self.held_out if h.label == which)
         n = n or held.n
         with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
             return evaluate(self.generator, pool, held.task, held.cfg, n, progress=bar,
-                            rewards=self.rewards.at(self.step), episodes=episodes, waves=waves)
+                            rewards=self.rewards.at(self.step), episodes=episodes, waves=waves, stop=stop)
 
-    def evaluate_all(self, pool: KernelPool, when: str = "") -> dict[str, float]:
+    def evaluate_all(self, pool: KernelPool, when: str = "") -> bool:
         """Every held-out task (eval, then transfer if set): figures logged as eval/<m> and transfer/<m> at this
-        step, episodes appended to eval_samples.jsonl; returns the eval figures."""
+        step, episodes appended to eval_samples.jsonl, and kept in ``evals`` (under ``when``, default "after").
+        Ctrl-C stops it after the wave in flight (False): its finished waves are kept for the run's next start."""
         figures: dict[str, dict[str, float]] = {}
         for label, _, task, _ in self.held_out:
             done = self.metrics.logged(self.step, label)
@@ -509,7 +513,15 @@ class Trainer:
             episodes: list[Trajectory] = []
             desc = f"{label} ({task.name}){' ' + when + ' training' if when else ''}"
             waves = self.metrics.eval_waves(self.step, label)  # finished waves are kept: a kill loses one at most
-            figures[label] = self.evaluate(pool, desc=desc, which=label, episodes=episodes, waves=waves)
+            try:
+                figures[label] = self.evaluate(pool, desc=desc, which=label, episodes=episodes, waves=waves,
+                                               stop=lambda: self._stop)
+            except EvaluationStopped as e:
+                again = ("run the same command again" if self.step == 0 else
+                         f"`replrl train --resume {self.run_dir}`")
+                log.warning("%s at step %d: stopped after %d of %d waves; %s finishes it (the finished waves are "
+                            "kept)", label, self.step, e.done, e.total, again)
+                return False
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
             self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
@@ -517,9 +529,10 @@ class Trainer:
                      figures[label]["accuracy"], figures[label]["episodes"], figures[label]["wall_s"])
             if waves is not None:
                 waves.clear()
+        self.evals[when or "after"] = figures["eval"]
         if "transfer" in figures:
             self.evals["transfer_" + (when or "after")] = figures["transfer"]
-        return figures["eval"]
+        return True
 
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""

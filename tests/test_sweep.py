@@ -20,7 +20,7 @@ from replrl.cli import build_parser, main
 from replrl.config import Config
 from replrl.configlib import ConfigError, overrides_from_args, resolve
 from replrl.metrics import read_metrics
-from replrl.sweep import _exit_text, _Sweeper, plan, print_commands, sweep
+from replrl.sweep import _exit_text, _record_attempt, _Sweeper, plan, print_commands, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "examples" / "sweep_smoke.toml"
@@ -446,6 +446,28 @@ def test_prune_deletes_a_done_runs_checkpoints_and_keeps_its_results(tmp_path: P
     assert train_steps(run) == [1] and (run / "config.toml").exists()
     assert main(["sweep", str(spec), "--out", str(out), "--prune"]) == 0  # done: skipped, not started afresh
     assert json.loads((run / "sweep.json").read_text())["attempts"][0]["action"] == "start"
+
+
+def test_a_run_stopped_in_its_final_evaluation_is_interrupted_not_done(tmp_path: Path) -> None:
+    """Ctrl-C in the final evaluation: the trainer exits 0 with all its steps and checkpoint but without the final
+    figures. The record says interrupted (the next sweep resumes it, which finishes the evaluation; --prune keeps
+    its checkpoint), not done; a run whose figures are logged is done. Transfer counts when the config sets it."""
+    spec = tmp_path / "one.toml"
+    spec.write_text(f'config = "{SPEC.parent / "smoke.toml"}"\nseeds = [0]\nsteps = 2\n[variants.base]\n'
+                    '[variants.transfer]\n"run.transfer_task" = {name = "arithmetic"}\n"run.transfer_n" = 2\n')
+    base, transfer = plan(spec, tmp_path / "out")
+    steps = [{"step": s, "episodes": 2, "reward_mean": 0.0} for s in (1, 2)]
+    for run, rows, status in [
+            (base, steps, "interrupted"),
+            (base, steps + [{"step": 2, "eval/accuracy": 0.5}], "done"),
+            (transfer, steps + [{"step": 2, "eval/accuracy": 0.5}], "interrupted"),
+            (transfer, steps + [{"step": 2, "eval/accuracy": 0.5}, {"step": 2, "transfer/accuracy": 0.0}], "done"),
+            (transfer, steps[:1] + [{"step": 1, "eval/accuracy": 0.5}, {"step": 1, "transfer/accuracy": 0.0}],
+             "interrupted")]:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert _record_attempt(run, "start", 0, 1.0, interrupted=True)["status"] == status, (run.name, rows)
+    assert _record_attempt(base, "start", 0, 1.0, interrupted=False)["status"] == "done"  # ran to its end
 
 
 def test_the_readme_s_shaping_tables_are_made_from_the_committed_records() -> None:

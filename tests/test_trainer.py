@@ -409,6 +409,55 @@ def test_a_run_killed_in_its_untrained_evaluation_starts_again_without_repeating
     assert "from the killed attempt" not in (run / "samples.jsonl").read_text()
 
 
+def test_ctrl_c_in_the_final_evaluation_stops_after_its_wave_and_resume_finishes_it(format_model_dir, tmp_path,
+                                                                                   monkeypatch, caplog):
+    """Ctrl-C (here the real signal, to this process) while the final held-out evaluation runs: the wave in flight
+    finishes and is kept, the rest is not sampled, train() returns (exit 0 from the command line) with the checkpoint
+    and no figures; `--resume` samples only the waves left, and its figures and transcripts equal an uninterrupted
+    run's. It used to sample every remaining problem first (30 minutes for the 0.5B model on this CPU)."""
+    import replrl.evaluation
+    from replrl.metrics import EvalWaves
+
+    cfg = toy_config(format_model_dir, max_steps=1, eval_n=20, eval_every=0, eval_before=False)
+    Trainer(cfg, tmp_path / "whole", progress=False).train()
+    whole = [r for r in read_metrics(tmp_path / "whole") if "eval/accuracy" in r]
+    assert [r["step"] for r in whole] == [1]
+
+    real_add = EvalWaves.add
+
+    def add_then_ctrl_c(self, key, trajs):
+        real_add(self, key, trajs)
+        os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler: stop after this wave
+    monkeypatch.setattr(EvalWaves, "add", add_then_ctrl_c)
+    run = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="replrl.trainer"):
+        stopped = Trainer(cfg, run, progress=False)
+        stopped.train()
+    assert "after" not in stopped.evals and not [r for r in read_metrics(run) if "eval/accuracy" in r]
+    assert f"eval at step 1: stopped after 1 of 3 waves; `replrl train --resume {run}` finishes it" in caplog.text
+    assert checkpoint.latest(run).name == "step-000001"
+    kept = [json.loads(line)["wave"][:2] for line in (run / "eval_waves.jsonl").read_text().splitlines()]
+    assert kept == [[0, 8]] * 8
+    monkeypatch.setattr(EvalWaves, "add", real_add)
+
+    real_rollout, sampled = replrl.evaluation.rollout, []
+
+    def counted(generator, pool, task, rows, *args, **kwargs):
+        sampled.extend(i for i, _ in rows)
+        return real_rollout(generator, pool, task, rows, *args, **kwargs)
+    monkeypatch.setattr(replrl.evaluation, "rollout", counted)
+    resumed = Trainer(cfg, run, resume=True, progress=False)
+    resumed.train()
+    assert sampled == list(range(8, 20))                                  # the two waves left, nothing else
+    again = [r for r in read_metrics(run) if "eval/accuracy" in r]
+    assert [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in again] == \
+        [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in whole]
+    assert resumed.evals["after"]["episodes"] == 20
+    texts = [[json.loads(line)["text"] for line in (d / "eval_samples.jsonl").read_text().splitlines()]
+             for d in (tmp_path / "whole", run)]
+    assert texts[0] == texts[1] and len(texts[0]) == 20
+
+
 @pytest.mark.parametrize("transfer, message", [
     ({"nme": "gsm8k"}, "run.transfer_task: 'nme' is not a [task] field"),
     ({"level": 2}, "run.transfer_task needs a task name"),
