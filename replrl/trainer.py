@@ -518,9 +518,9 @@ class Trainer:
                                                stop=lambda: self._stop)
             except EvaluationStopped as e:
                 again = ("run the same command again" if self.step == 0 else
-                         f"`replrl train --resume {self.run_dir}`")
-                log.warning("%s at step %d: stopped after %d of %d waves; %s finishes it (the finished waves are "
-                            "kept)", label, self.step, e.done, e.total, again)
+                         f"run `replrl train --resume {self.run_dir}`")
+                log.warning("%s at step %d: stopped after %d of %d waves, which are kept; to finish it, %s", label,
+                            self.step, e.done, e.total, again)
                 return False
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})

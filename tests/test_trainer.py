@@ -434,7 +434,8 @@ def test_ctrl_c_in_the_final_evaluation_stops_after_its_wave_and_resume_finishes
         stopped = Trainer(cfg, run, progress=False)
         stopped.train()
     assert "after" not in stopped.evals and not [r for r in read_metrics(run) if "eval/accuracy" in r]
-    assert f"eval at step 1: stopped after 1 of 3 waves; `replrl train --resume {run}` finishes it" in caplog.text
+    assert f"eval at step 1: stopped after 1 of 3 waves, which are kept; to finish it, run `replrl train --resume " \
+        f"{run}`" in caplog.text
     assert checkpoint.latest(run).name == "step-000001"
     kept = [json.loads(line)["wave"][:2] for line in (run / "eval_waves.jsonl").read_text().splitlines()]
     assert kept == [[0, 8]] * 8
