@@ -324,12 +324,24 @@ def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, t
     assert max(json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()) == 1
 
 
+def record_eval_waves(monkeypatch) -> list[list[int]]:
+    """The rows of every wave that held-out evaluations sample from now on (one list per rollout call)."""
+    import replrl.evaluation
+
+    real_rollout, sampled = replrl.evaluation.rollout, []
+
+    def counted(generator, pool, task, rows, *args, **kwargs):
+        sampled.append([i for i, _ in rows])
+        return real_rollout(generator, pool, task, rows, *args, **kwargs)
+    monkeypatch.setattr(replrl.evaluation, "rollout", counted)
+    return sampled
+
+
 def test_a_kill_mid_evaluation_loses_one_wave_at_most(format_model_dir, tmp_path, monkeypatch):
     """A held-out evaluation runs in waves (as many episodes as the pool has kernels: 8 here, so 20 problems are
     waves of 8, 8 and 4); each finished wave is written to eval_waves.jsonl. A run killed in its third wave resumes
     the evaluation there: only its 4 problems are sampled again, and the figures and transcripts are those of a run
     that was never interrupted."""
-    import replrl.evaluation
     from replrl.metrics import EvalWaves
 
     cfg = toy_config(format_model_dir, max_steps=1, eval_n=20, eval_every=1, eval_before=False)
@@ -356,14 +368,9 @@ def test_a_kill_mid_evaluation_loses_one_wave_at_most(format_model_dir, tmp_path
         f.write(json.dumps({**kept[0], "wave": [16, 20, 1, 8, kept[0]["wave"][4]]})[:-20])  # cut mid-write
     monkeypatch.setattr(EvalWaves, "add", real_add)
 
-    real_rollout, sampled = replrl.evaluation.rollout, []
-
-    def counted(generator, pool, task, rows, *args, **kwargs):
-        sampled.extend(i for i, _ in rows)
-        return real_rollout(generator, pool, task, rows, *args, **kwargs)
-    monkeypatch.setattr(replrl.evaluation, "rollout", counted)
+    sampled = record_eval_waves(monkeypatch)
     Trainer(cfg, run, resume=True, progress=False).train()
-    assert sampled == [16, 17, 18, 19]                                   # the third wave only
+    assert sampled == [[16, 17, 18, 19]]                                 # the third wave only
     again = [r for r in read_metrics(run) if "eval/accuracy" in r]
     assert [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in again] == \
         [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in whole]
@@ -378,7 +385,6 @@ def test_a_run_killed_in_its_untrained_evaluation_starts_again_without_repeating
     """Killed during the "before" evaluation there is no checkpoint to resume, so the run starts afresh in its
     directory (the same config): the untrained model's finished waves are kept, and nothing the killed attempt wrote
     is duplicated."""
-    import replrl.evaluation
     from replrl.metrics import EvalWaves
 
     cfg = toy_config(format_model_dir, max_steps=1, eval_n=12, eval_every=0, eval_before=True)
@@ -393,12 +399,7 @@ def test_a_run_killed_in_its_untrained_evaluation_starts_again_without_repeating
         Trainer(cfg, run, progress=False).train()
     monkeypatch.setattr(EvalWaves, "add", real_add)
     (run / "samples.jsonl").write_text(json.dumps({"step": 1, "text": "from the killed attempt"}) + "\n")
-    real_rollout, sampled = replrl.evaluation.rollout, []
-
-    def counted(generator, pool, task, rows, *args, **kwargs):
-        sampled.append([i for i, _ in rows])
-        return real_rollout(generator, pool, task, rows, *args, **kwargs)
-    monkeypatch.setattr(replrl.evaluation, "rollout", counted)
+    sampled = record_eval_waves(monkeypatch)
     Trainer(cfg, run, progress=False).train()
     assert sampled == [[8, 9, 10, 11], list(range(8)), [8, 9, 10, 11]]  # before: the rest; after: all of it
     rows = read_metrics(run)
@@ -415,7 +416,6 @@ def test_ctrl_c_in_the_final_evaluation_stops_after_its_wave_and_resume_finishes
     finishes and is kept, the rest is not sampled, train() returns (exit 0 from the command line) with the checkpoint
     and no figures; `--resume` samples only the waves left, and its figures and transcripts equal an uninterrupted
     run's. It used to sample every remaining problem first (30 minutes for the 0.5B model on this CPU)."""
-    import replrl.evaluation
     from replrl.metrics import EvalWaves
 
     cfg = toy_config(format_model_dir, max_steps=1, eval_n=20, eval_every=0, eval_before=False)
@@ -441,15 +441,10 @@ def test_ctrl_c_in_the_final_evaluation_stops_after_its_wave_and_resume_finishes
     assert kept == [[0, 8]] * 8
     monkeypatch.setattr(EvalWaves, "add", real_add)
 
-    real_rollout, sampled = replrl.evaluation.rollout, []
-
-    def counted(generator, pool, task, rows, *args, **kwargs):
-        sampled.extend(i for i, _ in rows)
-        return real_rollout(generator, pool, task, rows, *args, **kwargs)
-    monkeypatch.setattr(replrl.evaluation, "rollout", counted)
+    sampled = record_eval_waves(monkeypatch)
     resumed = Trainer(cfg, run, resume=True, progress=False)
     resumed.train()
-    assert sampled == list(range(8, 20))                                  # the two waves left, nothing else
+    assert sampled == [list(range(8, 16)), list(range(16, 20))]          # the two waves left, nothing else
     again = [r for r in read_metrics(run) if "eval/accuracy" in r]
     assert [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in again] == \
         [{k: v for k, v in r.items() if k != "eval/wall_s"} for r in whole]
