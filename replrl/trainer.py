@@ -184,7 +184,12 @@ class Trainer:
         self._stop = False
         self._saved_step = self.step
         self.evals: dict[str, dict[str, float]] = {}
-        """Held-out evaluations of this invocation: "before" (the untrained model) and "after" (the last one)."""
+        """Held-out evaluations: "before" (the untrained model; a resumed run's from its metrics) and "after" (the
+        last one), "transfer_before" and "transfer_after" likewise."""
+        for label, key in (("eval", "before"), ("transfer", "transfer_before")):
+            logged = self.metrics.logged(0, label) if self.step else None  # step 0's figures: the untrained model
+            if logged is not None:
+                self.evals[key] = logged
         self.curves: Path | None = None
 
     # -- set-up ----------------------------------------------------------------------------------------------

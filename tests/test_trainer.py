@@ -315,7 +315,11 @@ def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, t
     (run / "eval_samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples[:-1]))
     with open(run / "samples.jsonl", "a") as f:
         f.write(json.dumps({"step": 2, "text": "from the killed step"}) + "\n")
-    Trainer(cfg, run, resume=True, progress=False).train()
+    resumed = Trainer(cfg, run, resume=True, progress=False)
+    resumed.train()
+    assert "  - ->" not in resumed.summary()  # the untrained figures come from the metrics, not from this attempt
+    assert resumed.evals["before"]["accuracy"] == evals[0]["eval/accuracy"]
+    assert resumed.evals["transfer_before"]["accuracy"] == transfers[0]["transfer/accuracy"]
     again = read_metrics(run)
     assert [r for r in again if "eval/accuracy" in r] == evals                # kept as logged, not re-evaluated
     assert [r["step"] for r in again if "transfer/accuracy" in r] == [0, 1]
