@@ -489,22 +489,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _train_rows(run_dir: Path) -> list[dict[str, Any]]:
-    from .metrics import read_metrics
+def _train_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training steps among a run's metrics rows (not its evaluations)."""
+    return [r for r in rows if "episodes" in r]
 
-    return [r for r in read_metrics(run_dir) if "episodes" in r]  # training steps (not evaluations)
 
-
-def _evaluated_at(run: Run, step: int) -> bool:
+def _evaluated_at(run: Run, rows: list[dict[str, Any]], step: int) -> bool:
     """Whether every held-out evaluation the run's config asks for (eval; transfer too when set) logged its figures
-    at ``step``: a run stopped in its final evaluation has its steps and checkpoint but not these."""
-    from .metrics import held_out_labels, read_metrics
+    at ``step`` in ``rows`` (its metrics): a run stopped in its final evaluation has its steps and checkpoint but
+    not these."""
+    from .metrics import held_out_labels
 
     r = run.cfg.run
     wanted = {"eval", *(("transfer",) if r.transfer_task and r.transfer_n else ())} if r.eval_n else set()
-    logged = {label for row in read_metrics(run.run_dir) if row.get("step") == step
-              for label in held_out_labels(row)}
-    return wanted <= logged
+    return wanted <= {label for row in rows if row.get("step") == step for label in held_out_labels(row)}
 
 
 def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
@@ -529,6 +527,8 @@ def _mark_running(run: Run, what: str) -> None:
 
 def _lost_attempt(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     """The attempt an earlier sweep started and never recorded (it was killed with it), popped from ``record``."""
+    from .metrics import read_metrics
+
     marker = record.pop("running", None)
     if not isinstance(marker, dict) or not isinstance(marker.get("started"), (int, float)):
         return None
@@ -536,7 +536,7 @@ def _lost_attempt(record: dict[str, Any], run_dir: Path) -> dict[str, Any] | Non
     last = max([marker["started"], *written])
     return {"action": marker.get("action", "start"), "returncode": None, "lost": True,
             "wall_s": round(last - marker["started"], 2),
-            "steps_after": max((r["step"] for r in _train_rows(run_dir)), default=0),
+            "steps_after": max((r["step"] for r in _train_rows(read_metrics(run_dir))), default=0),
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(last))}
 
 
@@ -563,10 +563,13 @@ def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bo
     """Update ``RUN_DIR/sweep.json`` after an attempt: done when the run reached max_steps, or its time budget ended
     it; interrupted when it stopped early on a signal (in its last steps or in its final evaluation); failed on a
     non-zero exit. The wall-clock is the sum over the run's attempts since its last start, lost ones included."""
-    rows = _train_rows(run.run_dir)
+    from .metrics import read_metrics
+
+    logged = read_metrics(run.run_dir)
+    rows = _train_rows(logged)
     steps = max((r["step"] for r in rows), default=0)
     r = run.cfg.run
-    if interrupted and (code != 0 or steps < r.max_steps or not _evaluated_at(run, steps)):
+    if interrupted and (code != 0 or steps < r.max_steps or not _evaluated_at(run, logged, steps)):
         status = "interrupted"  # the sweep was stopped: the trainer saved and exited, or died at start-up
     elif code != 0:
         status = "failed"

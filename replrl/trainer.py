@@ -504,10 +504,10 @@ class Trainer:
             return evaluate(self.generator, pool, held.task, held.cfg, n, progress=bar,
                             rewards=self.rewards.at(self.step), episodes=episodes, waves=waves, stop=stop)
 
-    def evaluate_all(self, pool: KernelPool, when: str = "") -> bool:
+    def evaluate_all(self, pool: KernelPool, when: str = "") -> None:
         """Every held-out task (eval, then transfer if set): figures logged as eval/<m> and transfer/<m> at this
         step, episodes appended to eval_samples.jsonl, and kept in ``evals`` (under ``when``, default "after").
-        Ctrl-C stops it after the wave in flight (False): its finished waves are kept for the run's next start."""
+        Ctrl-C stops it after the wave in flight, nothing logged: its finished waves are kept for the next start."""
         figures: dict[str, dict[str, float]] = {}
         for label, _, task, _ in self.held_out:
             done = self.metrics.logged(self.step, label)
@@ -526,7 +526,7 @@ class Trainer:
                          f"run `replrl train --resume {self.run_dir}`")
                 log.warning("%s at step %d: stopped after %d of %d waves, which are kept; to finish it, %s", label,
                             self.step, e.done, e.total, again)
-                return False
+                return
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
             self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
@@ -537,7 +537,6 @@ class Trainer:
         self.evals[when or "after"] = figures["eval"]
         if "transfer" in figures:
             self.evals["transfer_" + (when or "after")] = figures["transfer"]
-        return True
 
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""
