@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from replrl.backends.base import Generator, GenSession
-from replrl.backends.hf import HFGenerator, _Batch
+from replrl.backends.hf import HFGenerator, _Batch, cache_argument
 from replrl.backends.sampling import (
     TokenMasks,
     eos_ids,
@@ -293,6 +293,21 @@ def test_rows_generate_while_one_row_executes(tok):
     assert threads and all(name.startswith("replrl-hf") for name in threads)  # forwards run off the event loop
 
 
+def test_cache_argument_follows_the_model_s_forward():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` and warns on every call given the old name; older
+    releases (the vLLM environment pins <5.20) take only the old one."""
+
+    class New:
+        def forward(self, input_ids=None, cache=None, use_cache=None): ...
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None): ...
+
+    assert cache_argument(New()) == "cache"
+    assert cache_argument(Old()) == "past_key_values"
+
+
+@pytest.mark.filterwarnings("error::FutureWarning")  # a deprecated argument name would warn on every step
 def test_packed_step_logits_equal_plain_forward(tok):
     """Mixed packed steps: rows decoding, a row prefilling, an idle row inside the decoding rows' slot range, rows of
     different lengths. Each kept row's logits equal a plain forward over that row's tokens."""

@@ -17,6 +17,7 @@ executing it; the next step waits a moment for it (at most ``join_wait_frac`` of
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from collections.abc import Iterable
@@ -36,12 +37,19 @@ cores and two torch threads that wait on each other's scheduling make small deco
 a busy 2-core machine); None (torch's default) elsewhere."""
 
 
+def cache_argument(model: Any) -> str:
+    """The name a model's ``forward`` takes its KV cache by: ``cache`` from transformers 5.24 (which warns on every
+    call given the old name), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class _Batch:
     """Worker-thread tensor state of a session: the per-row caches."""
 
     def __init__(self, model: Any, n_rows: int, device: torch.device):
         self.model, self.device = model, device
         self.cache = PackedKV(n_rows, device)
+        self._cache_arg = cache_argument(model)
 
     def free(self, slots: list[int]) -> None:
         for slot in slots:
@@ -62,7 +70,7 @@ class _Batch:
             out = self.model(
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=torch.tensor([positions], device=self.device),
-                past_key_values=self.cache,
+                **{self._cache_arg: self.cache},
                 use_cache=True,
                 logits_to_keep=torch.tensor([last[s] for s in keep], dtype=torch.long, device=self.device),
             )
