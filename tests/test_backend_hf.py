@@ -303,8 +303,19 @@ def test_cache_argument_follows_the_model_s_forward():
     class Old:
         def forward(self, input_ids=None, past_key_values=None, use_cache=None): ...
 
+    class Wrapper:  # peft's PeftModel: forward(*args, **kwargs), the base model's names behind it
+        def __init__(self, base):
+            self.base = base
+
+        def forward(self, *args, **kwargs): ...
+
+        def get_base_model(self):
+            return self.base
+
     assert cache_argument(New()) == "cache"
     assert cache_argument(Old()) == "past_key_values"
+    assert cache_argument(Wrapper(New())) == "cache"
+    assert cache_argument(Wrapper(Old())) == "past_key_values"
 
 
 @pytest.mark.filterwarnings("error::FutureWarning")  # a deprecated argument name would warn on every step

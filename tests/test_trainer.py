@@ -230,6 +230,7 @@ def test_eval_and_plot_commands_on_a_run(format_model_dir, tmp_path):
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.filterwarnings("error:.*past_key_values.*:FutureWarning")  # generation through the peft wrapper
 def test_lora_training_saves_adapters_and_resumes(format_model_dir, tmp_path):
     pytest.importorskip("peft")
     cfg = toy_config(format_model_dir, max_steps=1)

@@ -39,8 +39,10 @@ a busy 2-core machine); None (torch's default) elsewhere."""
 
 def cache_argument(model: Any) -> str:
     """The name a model's ``forward`` takes its KV cache by: ``cache`` from transformers 5.24 (which warns on every
-    call given the old name), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    call given the old name), ``past_key_values`` before. A peft wrapper passes its keywords on: its base model's
+    ``forward`` decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 class _Batch:
