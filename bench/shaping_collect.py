@@ -26,7 +26,7 @@ from replrl.rollout import summarize
 from replrl.sweep import read_record
 from replrl.types import Trajectory
 
-KEEP = ("config.toml", "metrics.jsonl", "sweep.json")
+KEEP = ("config.toml", "metrics.jsonl", "sweep.json", "environment.jsonl")  # the last: runs since 2026-11-25
 TRANSCRIPT_FIELDS = ("step", "eval", "task", "row", "correct", "submitted", "answer", "end_reason", "text")
 
 
@@ -264,7 +264,8 @@ def restore(out: Path, sweep: Path) -> list[Path]:
             continue
         run.mkdir(parents=True, exist_ok=True)
         for name in KEEP:
-            shutil.copy2(collected / name, run / name)
+            if (collected / name).exists():
+                shutil.copy2(collected / name, run / name)
         restored.append(run)
     return restored
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import platform
 import sys
 
-PACKAGES = ("torch", "transformers", "accelerate", "datasets", "jupyter_client", "ipykernel", "vllm", "peft")
+from .provenance import PACKAGES, source_commit, version
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,10 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return version(name) or "not installed"
 
 
 def sandbox_lines() -> list[str]:
@@ -49,7 +45,9 @@ def report() -> str:
 
     from .models import SMOLLM2_ALIAS, cache_dir, default_model_cached
 
-    lines = [f"replrl: {_version('replrl')}", f"python: {sys.version.split()[0]} ({sys.executable})",
+    commit = source_commit()
+    lines = [f"replrl: {_version('replrl')}" + (f" (git {commit})" if commit else ""),
+             f"python: {sys.version.split()[0]} ({sys.executable})",
              f"platform: {platform.platform()}", f"user: uid {os.geteuid()}"]
     lines += [f"{name}: {_version(name)}" for name in PACKAGES]
     lines.append(f"cpu: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")

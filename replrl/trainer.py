@@ -42,6 +42,7 @@ from .evaluation import EvaluationStopped, eval_config, evaluate, split_rows, ta
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
 from .metrics import EvalWaves, MetricsWriter
 from .policy import enable_gradient_checkpointing, load_policy
+from .provenance import record_environment
 from .rewards import RewardModel
 from .rollout import EpisodeRules, rollout, summarize
 from .types import SamplingParams, Trajectory
@@ -180,6 +181,9 @@ class Trainer:
             self._resume()
         self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, tensorboard=cfg.run.tensorboard) \
             if self.main else NullMetrics()
+        if self.main:  # which code and libraries this stretch of the run ran on (a resumed run may differ)
+            record_environment(self.run_dir, self.step, backend=cfg.model.backend, device=str(self.accelerator.device),
+                               processes=self.world, isolation=self.isolation)
         self._banned: TokenMasks | None = None
         self._stop = False
         self._saved_step = self.step

@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from replrl.cli import build_parser, main
 from replrl.config import Config
 from replrl.configlib import ConfigError, overrides_from_args, resolve
 from replrl.metrics import read_metrics
+from replrl.provenance import read_environments
 from replrl.sweep import _exit_text, _record_attempt, _Sweeper, plan, print_commands, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,6 +222,9 @@ def test_collected_results_let_a_sweep_go_on_in_a_fresh_directory(tmp_path: Path
     lines, done = print_commands(SPEC, fresh)
     assert lines == [] and len(done) == 4                     # nothing to train again
     assert read_metrics(fresh / RUNS[0]) == read_metrics(out / RUNS[0])
+    # what each run ran on goes along: its start's package versions and commit
+    assert read_environments(fresh / RUNS[0]) == read_environments(out / RUNS[0])
+    assert read_environments(fresh / RUNS[0])[0]["packages"]["torch"] == torch.__version__
 
 
 def test_sigterm_stops_a_sweep_like_ctrl_c(tmp_path: Path) -> None:

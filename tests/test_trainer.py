@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from replrl import checkpoint
 from replrl.config import Config
 from replrl.configlib import resolve
 from replrl.metrics import read_metrics
+from replrl.provenance import read_environments
 from replrl.trainer import RunDirError, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +63,14 @@ def test_resume_continues_at_the_next_step(format_model_dir, tmp_path):
     resumed.train()
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == 3
+    # each start recorded what it ran on: a figure is traceable to its code and libraries across resumes
+    starts = read_environments(run)
+    assert [e["step"] for e in starts] == [0, 2]
+    for start in starts:
+        assert start["packages"]["torch"] == torch.__version__ and start["packages"]["transformers"] == \
+            transformers.__version__
+        assert start["backend"] == "hf" and start["device"] == "cpu" and start["processes"] == 1
+        assert start["commit"] is None or len(start["commit"].removesuffix("+dirty")) == 40
 
 
 def test_the_time_budget_stops_the_run_after_the_step_that_spends_it(format_model_dir, tmp_path):
