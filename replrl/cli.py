@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("replrl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `replrl env | head -3`: the reader has gone, which is no error of ours
+        return _reader_gone()
     except USER_ERRORS as err:
         if args.debug:
             raise
@@ -67,6 +70,14 @@ def run_script(fn: Callable[[], object], name: str | None = None) -> int:
             raise
         print(f"{name}: error: {_one_line(err)}", file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe: point stdout at /dev/null (the exit's flush would raise again) and exit as a
+    process killed by SIGPIPE would, quietly (Python's documented recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _one_line(err: BaseException) -> str:

@@ -63,3 +63,22 @@ def test_replrl_env_without_a_sandbox_still_reports(tmp_path):
     done = run(["-m", "replrl", "env"], env_path=str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "sandbox isolation: NONE" in done.stdout and "apt-get install -y bubblewrap" in done.stdout
+
+
+def test_replrl_env_into_a_closed_pipe_is_quiet():
+    """`replrl env | head -1`: the reader goes before replrl writes; a shell's tools exit quietly then, and so does
+    replrl (exit 141, as a process killed by SIGPIPE), without an error line."""
+    proc = subprocess.Popen([sys.executable, "-m", "replrl", "env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    proc.stdout.close()  # the reader is gone before the report is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=180) == 141, err
+    assert err == ""
+
+
+def test_replrl_env_names_the_git_commit_of_a_checkout():
+    out = run(["-m", "replrl", "env"]).stdout
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not head:
+        pytest.skip("not a git checkout")
+    assert f"(git {head}" in out.splitlines()[0], out
