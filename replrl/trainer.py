@@ -186,6 +186,8 @@ class Trainer:
                                processes=self.world, isolation=self.isolation)
         self._banned: TokenMasks | None = None
         self._stop = False
+        self._evaluating = False
+        """A held-out evaluation is running (what Ctrl-C waits for)."""
         self._saved_step = self.step
         self.evals: dict[str, dict[str, float]] = {}
         """Held-out evaluations: "before" (the untrained model; a resumed run's from its metrics) and "after" (the
@@ -358,8 +360,12 @@ class Trainer:
             raise KeyboardInterrupt
         self._stop = True
         what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        log.warning("%s: finishing this step (in an evaluation: its wave), saving a checkpoint, then exiting "
-                    "(again to abort)", what)
+        if self._evaluating:  # its finished waves are on disk; the checkpoint of this step is saved or comes next
+            then = "saving a checkpoint, then exiting" if self.step else "then exiting (no step to save yet)"
+            log.warning("%s: finishing the evaluation's wave in flight (finished waves are kept), %s (again to "
+                        "abort)", what, then)
+        else:
+            log.warning("%s: finishing this step, saving a checkpoint, then exiting (again to abort)", what)
 
     def train_step(self, pool: KernelPool) -> StepResult:
         cfg, t_step = self.cfg, time.perf_counter()
@@ -522,6 +528,7 @@ class Trainer:
             episodes: list[Trajectory] = []
             desc = f"{label} ({task.name}){' ' + when + ' training' if when else ''}"
             waves = self.metrics.eval_waves(self.step, label)  # finished waves are kept: a kill loses one at most
+            self._evaluating = True
             try:
                 figures[label] = self.evaluate(pool, desc=desc, which=label, episodes=episodes, waves=waves,
                                                stop=lambda: self._stop)
@@ -531,6 +538,8 @@ class Trainer:
                 log.warning("%s at step %d: stopped after %d of %d waves, which are kept; to finish it, %s", label,
                             self.step, e.done, e.total, again)
                 return
+            finally:
+                self._evaluating = False
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
             self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})

@@ -425,6 +425,33 @@ def test_a_run_killed_in_its_untrained_evaluation_starts_again_without_repeating
     assert "from the killed attempt" not in (run / "samples.jsonl").read_text()
 
 
+def test_ctrl_c_in_the_untrained_evaluation_says_there_is_nothing_to_save_and_stops(format_model_dir, tmp_path,
+                                                                                      monkeypatch, caplog):
+    """Ctrl-C during the "before" evaluation: the wave in flight finishes, nothing is trained or saved, and the
+    messages say so (they used to promise a checkpoint); the same command then samples only the rest."""
+    from replrl.metrics import EvalWaves
+
+    cfg = toy_config(format_model_dir, max_steps=1, eval_n=12, eval_every=0, eval_before=True)
+    real_add = EvalWaves.add
+
+    def add_then_ctrl_c(self, key, trajs):
+        real_add(self, key, trajs)
+        os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(EvalWaves, "add", add_then_ctrl_c)
+    run = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="replrl.trainer"):
+        Trainer(cfg, run, progress=False).train()
+    assert "Ctrl-C: finishing the evaluation's wave in flight (finished waves are kept), then exiting (no step to " \
+        "save yet)" in caplog.text
+    assert "eval at step 0: stopped after 1 of 2 waves, which are kept; to finish it, run the same command " \
+        "again" in caplog.text
+    assert checkpoint.latest(run) is None and read_metrics(run) == []
+    monkeypatch.setattr(EvalWaves, "add", real_add)
+    sampled = record_eval_waves(monkeypatch)
+    Trainer(cfg, run, progress=False).train()
+    assert sampled[0] == [8, 9, 10, 11]  # the untrained evaluation's rest, then training
+
+
 def test_ctrl_c_in_the_final_evaluation_stops_after_its_wave_and_resume_finishes_it(format_model_dir, tmp_path,
                                                                                    monkeypatch, caplog):
     """Ctrl-C (here the real signal, to this process) while the final held-out evaluation runs: the wave in flight
@@ -449,6 +476,8 @@ def test_ctrl_c_in_the_final_evaluation_stops_after_its_wave_and_resume_finishes
         stopped = Trainer(cfg, run, progress=False)
         stopped.train()
     assert "after" not in stopped.evals and not [r for r in read_metrics(run) if "eval/accuracy" in r]
+    assert "Ctrl-C: finishing the evaluation's wave in flight (finished waves are kept), saving a checkpoint, then " \
+        "exiting" in caplog.text
     assert f"eval at step 1: stopped after 1 of 3 waves, which are kept; to finish it, run `replrl train --resume " \
         f"{run}`" in caplog.text
     assert checkpoint.latest(run).name == "step-000001"
