@@ -29,18 +29,19 @@ def version(name: str) -> str | None:
 
 def source_commit() -> str | None:
     """The git commit of the replrl source in use (``+dirty`` when tracked files differ from it), or None when it
-    is not a git checkout (an installed wheel) or git is missing."""
+    is not a git checkout (an installed wheel, even inside someone's repository) or git is missing."""
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        if head.returncode != 0:
-            return None
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        lines = head.stdout.split()
+        if head.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root:
+            return None  # e.g. site-packages of a virtualenv that lives in a project's repository
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("+dirty" if status.returncode == 0 and status.stdout.strip() else "")
+    return lines[1] + ("+dirty" if status.returncode == 0 and status.stdout.strip() else "")
 
 
 def environment(**extra: Any) -> dict[str, Any]:
