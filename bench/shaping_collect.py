@@ -20,6 +20,7 @@ import io
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from replrl.rollout import summarize
@@ -193,6 +194,24 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
     variants = [v for v in order if any(k[0] == v for k in runs)] + sorted({v for v, _ in runs} - set(order))
     seeds = sorted({s for _, s in runs})
 
+    def paired_table(title: str, columns: list[str], seed_list: list[int],
+                     other: Callable[[int], dict[str, float]]) -> list[str]:
+        """Each column's accuracies after training minus ``other(seed)``'s, paired by seed."""
+        lines = [title, "", "| measure | " + " | ".join(f"`{v}`" for v in columns) + " |",
+                 "|" + "---|" * (len(columns) + 1)]
+        for label, where, key, _ in TABLE_ROWS[:5]:  # the accuracies
+            cells, name = [], f"{where}:{key}"
+            for v in columns:
+                pairs = [(runs[(v, s)]["after"], other(s)) for s in seed_list
+                         if name in runs.get((v, s), {}).get("after", {}) and name in other(s)]
+                diffs = [100 * (mine[name] - base[name]) for mine, base in pairs]
+                mean, lo, hi = mean_ci(diffs)
+                lo, hi = max(lo, -100.0), min(hi, 100.0)  # a difference of two shares
+                cells.append("" if not diffs else f"{mean:+.1f}" + ("" if len(diffs) < 2 else
+                                                                  f" [{lo:+.1f}, {hi:+.1f}]") + f" ({len(diffs)})")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        return lines
+
     def column(name: str, seed_list: list[int]) -> list[dict[str, float]]:
         if name == "before":
             return [runs[(baseline, s)]["before"] for s in seed_list if "before" in runs.get((baseline, s), {})]
@@ -221,23 +240,18 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
     if len(seeds) > 1:
         lines += table("Mean over seeds, 95% t-interval (clipped to what a figure can be: 0-100% for a share, "
                        ">= 0 for the others):", seeds) + [""]
-        lines += [f"Difference to `{baseline}`, paired by seed, in points: mean [95% paired t-interval, clipped to "
-                  "+-100] (pairs). Equal differences at every seed give an interval of zero width, not a certainty:",
-                  "",
-                  "| measure | " + " | ".join(f"`{v}`" for v in variants if v != baseline) + " |",
-                  "|" + "---|" * len(variants)]
-        for label, where, key, _ in TABLE_ROWS[:5]:  # the accuracies
-            cells, name = [], f"{where}:{key}"
-            for v in (v for v in variants if v != baseline):
-                pairs = [(runs[(v, s)]["after"], runs[(baseline, s)]["after"]) for s in seeds
-                         if name in runs.get((v, s), {}).get("after", {})
-                         and name in runs.get((baseline, s), {}).get("after", {})]
-                diffs = [100 * (mine[name] - base[name]) for mine, base in pairs]
-                mean, lo, hi = mean_ci(diffs)
-                lo, hi = max(lo, -100.0), min(hi, 100.0)  # a difference of two shares
-                cells.append("" if not diffs else f"{mean:+.1f}" + ("" if len(diffs) < 2 else
-                                                                  f" [{lo:+.1f}, {hi:+.1f}]") + f" ({len(diffs)})")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        def untrained(s: int) -> dict[str, float]:
+            return runs.get((baseline, s), {}).get("before", {})
+
+        def baseline_after(s: int) -> dict[str, float]:
+            return runs.get((baseline, s), {}).get("after", {})
+
+        lines += paired_table("Gain over the untrained model (\"before\", the same seed's), in points: mean [95% "
+                              "paired t-interval, clipped to +-100] (pairs):", variants, seeds, untrained)
+        lines += [""] + paired_table(
+            f"Difference to `{baseline}`, paired by seed, in points: mean [95% paired t-interval, clipped to +-100] "
+            "(pairs). Equal differences at every seed give an interval of zero width, not a certainty:",
+            [v for v in variants if v != baseline], seeds, baseline_after)
         lines.append("")
     return "\n".join(lines)
 

@@ -486,6 +486,15 @@ def test_the_readme_s_shaping_tables_are_made_from_the_committed_records() -> No
     readme = (ROOT / "README.md").read_text()
     between = readme.split(collect_script.BEGIN, 1)[1].split(collect_script.END, 1)[0]
     assert between == "\n\n" + text.strip() + "\n\n"
+    # the gain over the untrained model pairs each seed's run with that seed's "before" (outcome_only's step 0)
+    gains = []
+    for run in sorted((results / "outcome_only").glob("seed*")):
+        figures = json.loads((run / "eval_figures.json").read_text())
+        gains.append(100 * (figures["eval@12"]["accuracy"] - figures["eval@0"]["accuracy"]))
+    gain_table = text.split("Gain over the untrained model", 1)[1].split("\n\n", 2)[1].splitlines()
+    row = next(line for line in gain_table if line.startswith("| programs, all levels |"))
+    assert row.split(" | ")[1].startswith(f"{sum(gains) / len(gains):+.1f} [") and row.split(" | ")[1].endswith(
+        f"({len(gains)})"), (row, gains)
 
 
 def test_a_failed_run_says_how_its_trainer_ended() -> None:
