@@ -295,7 +295,8 @@ def test_readme_tables_by_hand(tmp_path: Path) -> None:
     blocks = md.split("\n\n")
     assert blocks[1].startswith("| held-out | before | `base` | `shaped` |\n")
     assert blocks[0] == "Seed 0:" and blocks[2] == "Seed 1:" and blocks[4].startswith("Mean over seeds")
-    seed0_rows, mean_rows, diff_rows = blocks[1].splitlines(), blocks[5].splitlines(), blocks[7].splitlines()
+    seed0_rows, mean_rows = blocks[1].splitlines(), blocks[5].splitlines()
+    gain_rows, diff_rows = blocks[7].splitlines(), blocks[9].splitlines()
     assert "| programs, all levels | 10.0% | 20.0% | 50.0% |" in seed0_rows
     assert "| programs, level 1 | 10.0% | 30.0% | 60.0% |" in seed0_rows            # from the metrics row
     assert "| GSM8K, transfer |  | 10.0% | 25.0% |" in seed0_rows                   # no transfer before training
@@ -311,7 +312,11 @@ def test_readme_tables_by_hand(tmp_path: Path) -> None:
     assert "| lines per episode |  | 4.5 [0.0, 10.9] | 4.5 [0.0, 10.9] |" in mean_rows
     # paired: 50 - 20 = 30, 50 - 40 = 10 -> +20, half width 12.706205 * 14.142136 / 1.414214 = 127.06, clipped to
     # +-100 (a difference of two shares); GSM8K 25 - 10, 25 - 20 -> +10 +- 63.53 fits
-    assert blocks[6].startswith("Difference to `base`, paired by seed") and diff_rows[0] == "| measure | `shaped` |"
+    # the gain over the untrained model, each run paired with its seed's "before" (base's step 0): base 20 - 10,
+    # 40 - 5 -> +22.5 +- 158.8, clipped; shaped 50 - 10, 50 - 5 -> +42.5 +- 31.77
+    assert blocks[6].startswith("Gain over the untrained model") and gain_rows[0] == "| measure | `base` | `shaped` |"
+    assert "| programs, all levels | +22.5 [-100.0, +100.0] (2) | +42.5 [+10.7, +74.3] (2) |" in gain_rows
+    assert blocks[8].startswith("Difference to `base`, paired by seed") and diff_rows[0] == "| measure | `shaped` |"
     assert "| programs, all levels | +20.0 [-100.0, +100.0] (2) |" in diff_rows
     assert "| GSM8K, transfer | +10.0 [-53.5, +73.5] (2) |" in diff_rows
 
