@@ -13,6 +13,7 @@ Written against ``accelerate.Accelerator`` (device placement, gradient accumulat
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -111,6 +112,10 @@ class HeldOut(NamedTuple):
 
 class Trainer:
     """``Trainer(cfg, run_dir).train()``; ``resume=True`` continues the run in ``run_dir`` at its next step."""
+
+    skip_zero_gradient = True
+    """Skip the backward of a micro-batch whose gradient is exactly zero (no advantage, no KL term): the update is
+    the same, faster (False: run every backward, as a check of that claim)."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True):
         from accelerate import Accelerator
@@ -424,7 +429,8 @@ class Trainer:
             old = batch["old_logprobs"]
         ref = self._logprobs_no_grad(self.ref_model, batch, sampling) if self.ref_model is not None else None
         totals: dict[str, float] = {}
-        count = 0
+        count = micros = skipped = 0
+        kl_term = ref is not None and bool(cfg.loss.kl_coef)
         gen = torch.Generator().manual_seed(cfg.run.seed + self.step)
         for _ in range(cfg.optim.epochs):
             order = torch.randperm(B, generator=gen) if cfg.optim.minibatches > 1 else torch.arange(B)
@@ -435,18 +441,28 @@ class Trainer:
                     ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
                     T = int(att.sum(1).max())
                     ids, att, lm = ids[:, :T], att[:, :T], lm[:, :T]                        # [b, T]
-                    logp, entropy = token_logprobs_and_entropy(self.model, ids, att, sampling,
-                                                               self.banned(self._vocab()), loss_mask=lm)
-                    loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device), lm,
-                                            clip=(cfg.loss.clip_low, cfg.loss.clip_high), agg=cfg.loss.agg,
-                                            ref_logp=None if ref is None else ref[micro][:, :T].to(device),
-                                            kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
-                    self.accelerator.backward(loss * (weight * share))
+                    # zero advantage on every scored token and no KL term: the gradient is exactly zero, so only
+                    # the forward runs (for the logged statistics), without autograd and without a backward
+                    skip = self.skip_zero_gradient and not kl_term and not bool(
+                        adv[micro].masked_fill(batch["loss_mask"][micro] == 0, 0.0).any())
+                    with torch.no_grad() if skip else contextlib.nullcontext():
+                        logp, entropy = token_logprobs_and_entropy(self.model, ids, att, sampling,
+                                                                   self.banned(self._vocab()), loss_mask=lm)
+                        loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device),
+                                                lm, clip=(cfg.loss.clip_low, cfg.loss.clip_high), agg=cfg.loss.agg,
+                                                ref_logp=None if ref is None else ref[micro][:, :T].to(device),
+                                                kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
+                    if not skip:
+                        self.accelerator.backward(loss * (weight * share))
+                    micros, skipped = micros + 1, skipped + skip
                     stats["entropy"] = float(masked_mean(entropy, lm))
                     stats["loss"] = float(loss.detach())
                     for k, v in stats.items():
                         totals[k] = totals.get(k, 0.0) + float(v) * weight
                 params = [p for p in self.model.parameters() if p.requires_grad]
+                for p in params:  # a minibatch whose every backward was skipped: a zero gradient, as one computed
+                    if p.grad is None:  # (AdamW still decays and moves by momentum; it skips a None gradient)
+                        p.grad = torch.zeros_like(p)
                 self._sum_gradients_over_ranks(params)
                 norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
@@ -455,6 +471,7 @@ class Trainer:
         self.model.eval()
         out = {k: v / count for k, v in totals.items()}
         out["optimizer_steps"] = count
+        out["backward_skipped_frac"] = skipped / max(micros, 1)
         return out
 
     def _micro_weights(self, batch: dict[str, torch.Tensor],

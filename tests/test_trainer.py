@@ -17,6 +17,7 @@ import torch
 import transformers
 
 from replrl import checkpoint
+from replrl.advantages import batch_tensors
 from replrl.config import Config
 from replrl.configlib import resolve
 from replrl.metrics import read_metrics
@@ -273,6 +274,32 @@ def test_kl_reference_and_reused_batches_recompute_old_logprobs(format_model_dir
     assert row["optimizer_steps"] == 4                                # 2 epochs x 2 minibatches
     assert "kl" in row and row["kl"] >= 0.0                          # k3 to the frozen reference
     assert 0.0 <= row["clip_frac"] <= 1.0
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_skipping_zero_gradient_backwards_leaves_the_update_unchanged(format_model_dir, tmp_path, kl_coef):
+    """A micro-batch with no advantage on any token (a GRPO group that was all right or all wrong) and no KL term has
+    a gradient of exactly zero: its backward is skipped, its forward still feeds the logged statistics, and the
+    weights after the update are bit-identical to running every backward, also when a whole minibatch is skipped
+    (AdamW still moves by momentum)."""
+    trajs: list = []
+    cfg = toy_config(format_model_dir, max_steps=1, save_every=0)
+    Trainer(cfg, tmp_path / "probe", progress=False).train(on_step=lambda r: trajs.extend(r.trajectories))
+    cfg.optim.micro_batch, cfg.loss.kl_coef = 2, kl_coef
+    fast, full = (Trainer(cfg, tmp_path / name, progress=False) for name in ("fast", "full"))
+    full.skip_zero_gradient = False
+    batch = batch_tensors(trajs, fast.pad_id)
+    assert batch["input_ids"].shape[0] == 8
+    sign = torch.tensor([0, 0, 0, 0, 1, -1, -1, 1], dtype=torch.float)[:, None]   # micro-batches 1 and 2: no signal
+    for adv, skipped in ((batch["loss_mask"] * sign, 0.5), (torch.zeros_like(batch["loss_mask"]), 1.0)):
+        before = [p.detach().clone() for p in fast.model.parameters()]
+        stats_fast, stats_full = fast.update(batch, adv), full.update(batch, adv)
+        assert stats_fast.pop("backward_skipped_frac") == (0.0 if kl_coef else skipped)
+        assert stats_full.pop("backward_skipped_frac") == 0.0
+        assert stats_fast == stats_full                      # entropy, clip_frac, approx_kl, loss, grad_norm
+        after = list(fast.model.parameters())
+        assert all(torch.equal(a, b) for a, b in zip(after, full.model.parameters(), strict=True))
+        assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))  # the step moved the weights
 
 
 def test_a_run_ends_with_a_before_after_summary_and_curves(format_model_dir, tmp_path):
