@@ -10,7 +10,7 @@ both settings are compared (they must be equal: tests/test_trainer.py proves it 
 The batch has the experiment's shape: ``--groups`` groups of 4 transcripts of ``--tokens`` tokens, a third of them
 model-written lines (random ids: time depends on the shape, not the text). Prints a table, then one JSON line.
 
-    python bench/zero_gradient_skip.py [--model smollm2-135m-instruct] [--tokens 768] [--groups 4] [--repeats 2]
+    python bench/zero_gradient_skip.py [--model smollm2-135m-instruct] [--tokens 384] [--groups 2] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from replrl.trainer import Trainer
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--tokens", type=int, default=768)
-    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=384)
+    ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     cfg = resolve(Config, None, {"model": {"name": args.model}, "task": {"name": "arithmetic"},
                                  "optim": {"lr": 1e-7, "warmup_steps": 0, "micro_batch": args.micro_batch},
@@ -51,9 +51,16 @@ def main() -> None:
         trainers["full"].skip_zero_gradient = False
         vocab = trainers["skip"]._vocab()
         batch = synthetic_batch(vocab, B, args.tokens)
-        batch["old_logprobs"] = torch.zeros(B, args.tokens)   # the sampler's log-probs: the policy's own (ratio 1)
-        batch["old_logprobs"] = trainers["skip"]._logprobs_no_grad(trainers["skip"].model, batch,
-                                                                   trainers["skip"].sampling)
+        batch["old_logprobs"] = torch.zeros(B, args.tokens)
+        masks = trainers["skip"].banned(vocab)
+        allowed = (~(masks.line_start | masks.anywhere)).nonzero()[:, 0]   # ids the sampler may write anywhere
+        for _ in range(2):  # the sampler's log-probs, the policy's own (ratio 1); a random id the sampler bans there
+            old = trainers["skip"]._logprobs_no_grad(trainers["skip"].model, batch, trainers["skip"].sampling)
+            banned = (old == float("-inf")) & (batch["loss_mask"] > 0)    # (e.g. a newline in a line) is replaced
+            batch["input_ids"][banned] = allowed[torch.randint(len(allowed), (int(banned.sum()),))]
+        if banned.any():
+            raise SystemExit("the synthetic batch still has tokens the sampler bans")
+        batch["old_logprobs"] = old
         signs = torch.tensor([1.0, -1.0, -1.0, 1.0]).repeat(args.groups)[:, None]           # [B, 1]
         rows = []
         for zero_frac in (0.0, 0.5, 1.0):
@@ -67,8 +74,9 @@ def main() -> None:
                     times[name].append(time.perf_counter() - t)
                     if name == "skip":
                         skipped = stats["backward_skipped_frac"]
-            same = all(torch.equal(a, b) for a, b in zip(trainers["skip"].model.parameters(),
-                                                          trainers["full"].model.parameters(), strict=True))
+            same = all(torch.equal(a, b) and bool(a.isfinite().all())
+                       for a, b in zip(trainers["skip"].model.parameters(), trainers["full"].model.parameters(),
+                                       strict=True))
             med = {k: statistics.median(v[1:]) for k, v in times.items()}
             rows.append({"zero_frac": zero_frac, "skipped": skipped, "skip_s": med["skip"], "full_s": med["full"],
                          "ratio": med["skip"] / med["full"], "same_weights": same})
