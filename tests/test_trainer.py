@@ -276,16 +276,17 @@ def test_kl_reference_and_reused_batches_recompute_old_logprobs(format_model_dir
     assert 0.0 <= row["clip_frac"] <= 1.0
 
 
-@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
-def test_skipping_zero_gradient_backwards_leaves_the_update_unchanged(format_model_dir, tmp_path, kl_coef):
+@pytest.mark.parametrize("kl_coef, checkpointing", [(0.0, False), (0.1, False), (0.0, True)])
+def test_skipping_zero_gradient_backwards_leaves_the_update_unchanged(format_model_dir, tmp_path, kl_coef,
+                                                                     checkpointing):
     """A micro-batch with no advantage on any token (a GRPO group that was all right or all wrong) and no KL term has
     a gradient of exactly zero: its backward is skipped, its forward still feeds the logged statistics, and the
     weights after the update are bit-identical to running every backward, also when a whole minibatch is skipped
-    (AdamW still moves by momentum)."""
+    (AdamW still moves by momentum), and under gradient checkpointing (the skipped forward runs without autograd)."""
     trajs: list = []
     cfg = toy_config(format_model_dir, max_steps=1, save_every=0)
     Trainer(cfg, tmp_path / "probe", progress=False).train(on_step=lambda r: trajs.extend(r.trajectories))
-    cfg.optim.micro_batch, cfg.loss.kl_coef = 2, kl_coef
+    cfg.optim.micro_batch, cfg.loss.kl_coef, cfg.optim.gradient_checkpointing = 2, kl_coef, checkpointing
     fast, full = (Trainer(cfg, tmp_path / name, progress=False) for name in ("fast", "full"))
     full.skip_zero_gradient = False
     batch = batch_tensors(trajs, fast.pad_id)
