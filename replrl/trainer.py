@@ -437,6 +437,7 @@ class Trainer:
             for mb in order.chunk(cfg.optim.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
                 weights, share = self._micro_weights(batch, mb)
+                skipped_before = skipped
                 for micro, weight in weights:
                     ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
                     T = int(att.sum(1).max())
@@ -460,9 +461,10 @@ class Trainer:
                     for k, v in stats.items():
                         totals[k] = totals.get(k, 0.0) + float(v) * weight
                 params = [p for p in self.model.parameters() if p.requires_grad]
-                for p in params:  # a minibatch whose every backward was skipped: a zero gradient, as one computed
-                    if p.grad is None:  # (AdamW still decays and moves by momentum; it skips a None gradient)
-                        p.grad = torch.zeros_like(p)
+                if skipped - skipped_before == len(weights):  # every backward of this minibatch was skipped: zero
+                    for p in params:  # gradients, as computed ones (AdamW still decays and moves by momentum; it
+                        if p.grad is None:  # would skip a None gradient)
+                            p.grad = torch.zeros_like(p)
                 self._sum_gradients_over_ranks(params)
                 norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
