@@ -11,8 +11,15 @@ import torch
 
 from replrl.models import QWEN_CODER_ALIAS, SMOLLM2_ALIAS, load_model_and_tokenizer, load_tokenizer
 
-GSM8K_DIR = Path(os.environ.get("REPLRL_GSM8K") or Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k")
-"""The offline GSM8K copy tests use ($REPLRL_GSM8K, else ../shared/data/gsm8k beside the checkout, as in CI)."""
+GSM8K_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
+"""The GSM8K sample that ships with the tests (202 train and 41 test rows, the full files' lines unchanged)."""
+
+_FULL_GSM8K = Path(os.environ.get("REPLRL_GSM8K") or Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k")
+GSM8K_FULL_DIR: Path | None = _FULL_GSM8K if (_FULL_GSM8K / "test.jsonl").is_file() else None
+"""The full GSM8K copy ($REPLRL_GSM8K, else ../shared/data/gsm8k beside the checkout), or None where there is none."""
+
+NO_FULL_GSM8K = f"no full GSM8K copy (set $REPLRL_GSM8K to its directory; looked in {_FULL_GSM8K})"
+"""The one-line reason a test that needs the full set skips with."""
 
 
 @functools.cache

@@ -16,7 +16,7 @@ import pytest
 
 from sandbox import Limits, SyncKernelPool
 from sandbox.limits import hides_host_files
-from tests.helpers_models import GSM8K_DIR
+from tests.helpers_models import GSM8K_DIR, GSM8K_FULL_DIR
 
 ALLOWED_TOP = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "tmp"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,17 +60,27 @@ def test_canary_dataset_is_neither_readable_nor_listable(view_pool, canary_dir):
 def test_root_lists_only_allowlisted_entries(view_pool):
     out = run(view_pool, "import os\nprint(sorted(os.listdir('/')))")
     entries = set(eval(out))  # a list of str printed by the kernel
-    home = Path(os.path.realpath(os.sys.prefix)).parts[1]  # the interpreter's own top directory (e.g. root, opt)
-    assert entries <= ALLOWED_TOP | {home}, entries
-    assert "work" not in entries or ROOT.parts[1] == home
+    # the interpreter's own top directories (e.g. root, opt): a virtualenv's prefix and, where it lives elsewhere
+    # (a pyenv Python under the home directory, the virtualenv under /srv), its base interpreter's prefix
+    homes = interpreter_tops()
+    assert entries <= ALLOWED_TOP | homes, entries
+    assert "work" not in entries or ROOT.parts[1] in homes
+
+
+def interpreter_tops() -> set[str]:
+    """Top-level directories of the interpreter's prefixes and executable, as written and with links resolved."""
+    dirs = {os.sys.prefix, os.sys.base_prefix, os.sys.exec_prefix, os.path.dirname(os.sys.executable)}
+    paths = {p for d in dirs for p in (os.path.abspath(d), os.path.realpath(d))}
+    return {Path(p).parts[1] for p in paths if len(Path(p).parts) > 1}
 
 
 def test_checkout_caches_and_homes_are_hidden(view_pool):
     hidden = [str(ROOT / "replrl" / "trainer.py"), str(ROOT / "README.md"), os.path.expanduser("~/.cache"),
               os.path.expanduser("~/.bashrc"), "/srv", "/opt/replrl-none", "/mnt", "/var/log", "/etc/shadow"]
-    shared = GSM8K_DIR / "test.jsonl"
-    if shared.exists():
-        hidden.append(str(shared))
+    hidden = [p for p in hidden if Path(p).parts[1] not in interpreter_tops() or len(Path(p).parts) > 2]  # /srv venv
+    hidden.append(str(GSM8K_DIR / "test.jsonl"))  # the GSM8K sample inside the checkout
+    if GSM8K_FULL_DIR is not None:
+        hidden.append(str(GSM8K_FULL_DIR / "test.jsonl"))  # the full copy, where one is beside the checkout
     code = "import os\n" + "".join(f"print({p!r}, os.path.exists({p!r}))\n" for p in hidden)
     out = run(view_pool, code)
     assert "True" not in out, out

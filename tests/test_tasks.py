@@ -13,7 +13,7 @@ import pytest
 
 from replrl.answers import checkable, exact_match, is_float_like, numbers_equal, parse_number
 from replrl.tasks import ARITHMETIC_HEADER, GSM8K_HEADER, ArithmeticTask, GSM8KTask, Task, TaskError, load_task
-from tests.helpers_models import GSM8K_DIR  # noqa: E402  ($REPLRL_GSM8K or ../shared/data/gsm8k)
+from tests.helpers_models import GSM8K_DIR, GSM8K_FULL_DIR, NO_FULL_GSM8K  # noqa: E402  (the sample in tests/data)
 
 OPERATOR = re.compile(r" (\+|-|\*|//|%|/) ")
 
@@ -190,8 +190,28 @@ def test_arithmetic_header_and_options() -> None:
 # ---------------------------------------------------------------- gsm8k
 
 
-def test_gsm8k_data_is_beside_the_repo() -> None:
-    assert GSM8K_DIR.resolve() == Path("/work/shared/data/gsm8k") or (GSM8K_DIR / "test.jsonl").is_file()
+def test_gsm8k_sample_ships_with_the_tests() -> None:
+    # a user's clone has nothing beside it: the sample (and its licence) is inside the repository
+    assert {p.name for p in GSM8K_DIR.iterdir()} >= {"train.jsonl", "test.jsonl", "LICENSE", "README.md"}
+    assert "MIT License" in (GSM8K_DIR / "LICENSE").read_text()
+
+
+@pytest.mark.skipif(GSM8K_FULL_DIR is None, reason=NO_FULL_GSM8K)
+def test_gsm8k_sample_lines_are_the_full_sets_lines() -> None:
+    # the sample is the full files' lines unchanged, at the 0-based line numbers its README names
+    picked = {"train": [*range(200), 345, 402], "test": [*range(40), 611]}
+    for split, lines in picked.items():
+        full = (GSM8K_FULL_DIR / f"{split}.jsonl").read_text().splitlines()
+        sample = (GSM8K_DIR / f"{split}.jsonl").read_text().splitlines()
+        assert sample == [full[i] for i in lines], split
+
+
+@pytest.mark.skipif(GSM8K_FULL_DIR is None, reason=NO_FULL_GSM8K)
+def test_full_gsm8k_loads_through_datasets() -> None:
+    full = GSM8KTask(data=str(GSM8K_FULL_DIR))
+    test, train = full.rows("test"), full.rows("train")
+    assert len(test) == 1319 and len(train) == 7473
+    assert all(isinstance(full.answer_of(r), int) for r in train)  # every answer parses (commas, big numbers)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +223,7 @@ def test_gsm8k_loads_through_datasets(gsm8k: GSM8KTask) -> None:
     import datasets
 
     test, train = gsm8k.rows("test"), gsm8k.rows("train")
-    assert isinstance(test, datasets.Dataset) and len(test) == 1319 and len(train) == 7473
+    assert isinstance(test, datasets.Dataset) and len(test) == 41 and len(train) == 202  # the sample
     row = test[0]  # Janet's ducks: 16 - 3 - 4 = 9 eggs, 9 * $2 = $18
     assert row["question"].startswith("Janet") and row["answer"].endswith("#### 18")
     assert gsm8k.answer_of(row) == 18 and isinstance(gsm8k.answer_of(row), int)
@@ -224,7 +244,8 @@ def test_gsm8k_check(gsm8k: GSM8KTask) -> None:
 def test_gsm8k_matches_integer_answers_exactly(gsm8k: GSM8KTask) -> None:
     # The old check gave every answer 1e-6 relative tolerance: 1450000 took 1450001, 1449999 and 1450000.5, and
     # 192000000 took anything within +-192. An int must be exact; a float only within float rounding (1e-9).
-    row = gsm8k.rows("test")[611]  # John's program: "#### 1,450,000"
+    test = gsm8k.rows("test")
+    row = test[next(i for i, a in enumerate(test["answer"]) if a.endswith("#### 1,450,000"))]  # John's program
     assert gsm8k.answer_of(row) == 1450000
     for ok in [1450000, "1,450,000", 1450000.0, "1450000.00", 1450000.0000001, "$1,450,000"]:  # 6.9e-14 relative
         assert gsm8k.check(row, ok), ok
@@ -285,7 +306,7 @@ def test_gsm8k_errors(tmp_path: Path) -> None:
 
 def test_headers_hold_only_the_question(gsm8k: GSM8KTask) -> None:
     # The header is the only text of the row the model (or its code) ever gets: never the solution or the answer.
-    for row in gsm8k.rows("test").select(range(50)):
+    for row in gsm8k.rows("test"):  # the sample's 41
         assert gsm8k.header(row) == GSM8K_HEADER.format(question=row["question"])
         assert "####" not in gsm8k.header(row) and row["answer"] not in gsm8k.header(row)
     arithmetic = ArithmeticTask(level=2, n_train=5, n_test=50)
