@@ -2,9 +2,9 @@
 held-out transcripts (text only, gzipped: the full eval_samples.jsonl holds token ids, ~3.5 MB a run) and the
 held-out figures recomputed from them (eval_figures.json); then compare the runs.
 
-    python bench/shaping_collect.py runs/shaping_cpu docs/results/shaping_cpu --readme README.md
+    python bench/shaping_collect.py runs/shaping_cpu docs/results/shaping_cpu --readme docs/results/shaping.md
 
-``--readme`` puts the README's tables (also written to ``tables.md``) between its two marker lines.
+``--readme`` puts the tables (also written to ``tables.md``) between the two marker lines of the results page.
 
 The collected records are enough to go on with the sweep on another machine: ``--restore`` puts each collected
 run's config, metrics and sweep record back into the sweep directory, where ``replrl sweep`` then skips it.
@@ -113,7 +113,7 @@ def add_transcript_figures(run: Path) -> None:
     path.write_text(json.dumps(figures, indent=1))
 
 
-# -- the README's tables --------------------------------------------------------------------------------------------
+# -- the results page's tables---------------------------------------------------------------------------------------
 TABLE_ROWS = (  # (label, where, key, format): where is the held-out evaluation, the transfer one, or training
     ("programs, all levels", "eval", "accuracy", "pct"),
     ("programs, level 1", "eval", "accuracy_level1", "pct"),
@@ -133,8 +133,8 @@ TABLE_ROWS = (  # (label, where, key, format): where is the held-out evaluation,
     ("correct training episodes with a negative advantage (mean over steps)", "train", "adv/correct_negative_frac",
      "pct"),
 )
-"""The rows of the README's shaping tables: every figure the issue asks for, per variant, plus the three read
-from the episodes' text. Programs levels come from metrics.jsonl, the rest from eval_figures.json."""
+"""The rows of the shaping tables (docs/results/shaping.md): every figure the issue asks for, per variant, plus the
+three read from the episodes' text. Programs levels come from metrics.jsonl, the rest from eval_figures.json."""
 
 
 def run_figures(run: Path) -> dict[str, dict[str, float]]:
@@ -182,8 +182,8 @@ def _cell(values: list[float], fmt: str) -> str:
 
 
 def tables(out: Path, baseline: str = "outcome_only") -> str:
-    """The README's tables in markdown: one per seed (each variant's value; "before": the untrained model, from the
-    baseline's run of that seed), then the mean over seeds with a 95% t-interval, and the difference to the
+    """The results page's tables in markdown: one per seed (each variant's value; "before": the untrained model,
+    from the baseline's run of that seed), then the mean over seeds with a 95% t-interval, and the difference to the
     baseline paired by seed. Written by :func:`main` to ``tables.md`` beside ``summary.md``."""
     from replrl.compare import mean_ci
 
@@ -260,7 +260,7 @@ BEGIN, END = "<!-- shaping tables: begin (bench/shaping_collect.py --readme) -->
 
 
 def splice(readme: Path, text: str) -> None:
-    """Put ``text`` between the README's BEGIN and END markers (the markers stay), so the README's tables are the
+    """Put ``text`` between the page's BEGIN and END markers (the markers stay), so the page's tables are the
     collected results' own figures."""
     doc = readme.read_text()
     if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
@@ -307,7 +307,7 @@ def main() -> None:
     if args.readme:
         splice(args.readme, text)
         print(f"updated the tables in {args.readme}")
-    print(f"wrote {args.out / 'summary.md'}, tables.md (the README's) and compare.png")
+    print(f"wrote {args.out / 'summary.md'}, tables.md (the results page's) and compare.png")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ class ModelConfig:
     """> 0: train LoRA adapters of this rank (needs peft) instead of all weights."""
     backend: str = "hf"
     """Generation backend: hf (transformers, samples from the training module itself), vllm (vLLM's engine beside
-    it, weights copied in after every optimizer step; needs the vllm extra, see the README) or auto (vllm when it
+    it, weights copied in after every optimizer step; needs the vllm extra, see docs/gpu.md) or auto (vllm when it
     imports, else hf)."""
 
     def __post_init__(self) -> None:

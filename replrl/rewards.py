@@ -124,8 +124,8 @@ def used_later(line: Line, traj: Trajectory, index: int, later: list[Line]) -> f
 @line_reward("computed_used_later")
 def computed_used_later(line: Line, traj: Trajectory, index: int, later: list[Line]) -> float:
     """``used_later`` without imports: a name bound by ``import`` earns nothing. In the shaping experiment the
-    ``used_later`` bonus was farmed with import preambles (6.7 imports an episode, README "Results: reward
-    shaping"); this term pays only for values the episode computed (assignments, loops, functions, printed values)."""
+    ``used_later`` bonus was farmed with import preambles (6.7 imports an episode, docs/results/shaping.md); this
+    term pays only for values the episode computed (assignments, loops, functions, printed values)."""
     return _value_used_later(line, traj, index, later, imports=False)
 
 

@@ -480,15 +480,16 @@ def test_a_run_stopped_in_its_final_evaluation_is_interrupted_not_done(tmp_path:
     assert _record_attempt(base, "start", 0, 1.0, interrupted=False)["status"] == "done"  # ran to its end
 
 
-def test_the_readme_s_shaping_tables_are_made_from_the_committed_records() -> None:
-    """Every figure in the README's shaping tables comes from docs/results/shaping_cpu: regenerating the tables from
-    the committed records gives tables.md byte for byte, and the README holds exactly that between its markers (a
-    hand edit to either, or a record committed without re-running bench/shaping_collect.py, fails here)."""
+def test_the_shaping_page_s_tables_are_made_from_the_committed_records() -> None:
+    """Every figure in the shaping results page's tables comes from docs/results/shaping_cpu: regenerating the tables
+    from the committed records gives tables.md byte for byte, and docs/results/shaping.md (where `--readme` writes
+    them) holds exactly that between its markers (a hand edit to either, or a record committed without re-running
+    bench/shaping_collect.py, fails here)."""
     collect_script = load_collect_script()
     results = ROOT / "docs" / "results" / "shaping_cpu"
     text = collect_script.tables(results, "outcome_only")
     assert text == (results / "tables.md").read_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "results" / "shaping.md").read_text()
     between = readme.split(collect_script.BEGIN, 1)[1].split(collect_script.END, 1)[0]
     assert between == "\n\n" + text.strip() + "\n\n"
     # the gain over the untrained model pairs each seed's run with that seed's "before" (outcome_only's step 0)
