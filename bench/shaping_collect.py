@@ -85,18 +85,58 @@ def looked_at_value(session: list[str]) -> bool:
     return False
 
 
+def statements(session: list[str]) -> list[str]:
+    """The source the model typed, one entry per prompt-level statement (a ``>>> `` line and its ``... `` lines)."""
+    out: list[str] = []
+    for line in session:
+        if line.startswith(">>> "):
+            out.append(line[4:])
+        elif line.startswith("... ") and out:
+            out[-1] += "\n" + line[4:]
+    return out
+
+
+def rebinds_submit(source: str) -> bool:
+    """Whether ``source`` binds the name ``submit`` at module level (``def submit``, ``submit = ...``, an import
+    ``as submit``, a loop target, ...), which replaces the task's tool: a later ``submit(x)`` then submits nothing.
+    Bindings inside a function or class body are local and do not count (unless declared ``global``)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+
+    def binds(node: ast.AST) -> bool:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "submit":
+                return True
+            return any(isinstance(n, ast.Global) and "submit" in n.names for n in ast.walk(node))
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return False
+        if isinstance(node, ast.Name) and node.id == "submit" and isinstance(node.ctx, (ast.Store, ast.Del)):
+            return True
+        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == "submit":
+            return True
+        return any(binds(child) for child in ast.iter_child_nodes(node))
+
+    return binds(tree)
+
+
 def transcript_figures(texts: list[str]) -> dict[str, float]:
     """Figures read from the episodes' text (so they exist for every collected run, restored ones included):
     ``looked_at_value_frac``, ``header_example_first_frac`` (episodes whose first line is the header's example) and
     ``imports_per_episode`` (statements ``import m`` / ``from m import ...`` typed at the prompt: the cheapest way to
-    earn the ``used_later`` bonus is to import a module and name it in a later line)."""
+    earn the ``used_later`` bonus is to import a module and name it in a later line), and ``rebound_submit_frac``
+    (episodes that replaced the ``submit`` tool with a binding of their own: their answer is lost)."""
     sessions = [text.split(BANNER_END, 1)[-1].splitlines() for text in texts]
     first = [next((ln for ln in s if ln.startswith(">>> ")), "") for s in sessions]
     imports = sum(bool(IMPORT.match(ln)) for s in sessions for ln in s)
     n = max(len(texts), 1)
     return {"looked_at_value_frac": round(sum(map(looked_at_value, sessions)) / n, 6),
             "header_example_first_frac": round(sum(ln.startswith(HEADER_EXAMPLE) for ln in first) / n, 6),
-            "imports_per_episode": round(imports / n, 6)}
+            "imports_per_episode": round(imports / n, 6),
+            "rebound_submit_frac": round(sum(any(map(rebinds_submit, statements(s))) for s in sessions) / n, 6)}
 
 
 def add_transcript_figures(run: Path) -> None:
@@ -130,6 +170,8 @@ TABLE_ROWS = (  # (label, where, key, format): where is the held-out evaluation,
     ("looked at a value before answering", "eval", "looked_at_value_frac", "pct"),
     ("opened with the header's example", "eval", "header_example_first_frac", "pct"),
     ("`import` statements per episode", "eval", "imports_per_episode", ".2f"),
+    ("rebound `submit` (the tool replaced: the answer is lost)", "eval", "rebound_submit_frac", "pct"),
+    ("rebound `submit`, GSM8K", "transfer", "rebound_submit_frac", "pct"),
     ("correct training episodes with a negative advantage (mean over steps)", "train", "adv/correct_negative_frac",
      "pct"),
 )

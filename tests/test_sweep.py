@@ -503,6 +503,25 @@ def test_the_shaping_page_s_tables_are_made_from_the_committed_records() -> None
         f"({len(gains)})"), (row, gains)
 
 
+def test_the_collector_counts_episodes_that_replace_the_submit_tool() -> None:
+    """A module-level binding of ``submit`` (def, assignment, import, loop target, global) replaces the tool; a local
+    one (a parameter, a function's own variable, a comprehension variable) and a call do not."""
+    collect_script = load_collect_script()
+    rebinds = collect_script.rebinds_submit
+    for source in ["def submit(x):\n    return x", "submit = print", "from m import submit", "import m as submit",
+                   "a, submit = 1, 2", "for submit in range(3):\n    pass", "class submit:\n    pass", "del submit",
+                   "def f():\n    global submit\n    submit = 1"]:
+        assert rebinds(source), source
+    for source in ["submit(3)", "submit == 3", "def f(submit):\n    return submit", "def f():\n    submit = 3",
+                   "[submit for submit in range(2)]", "submit(", "x = submit"]:
+        assert not rebinds(source), source
+    session = [">>> def submit(answer):", "...     return answer", "... ", ">>> submit(7)", "7"]
+    assert collect_script.statements(session) == ["def submit(answer):\n    return answer\n", "submit(7)"]
+    banner = "Type \"help\", \"copyright\", \"credits\" or \"license\" for more information.\n"
+    figures = collect_script.transcript_figures([banner + "\n".join(session), banner + ">>> submit(7)\n"])
+    assert figures["rebound_submit_frac"] == 0.5
+
+
 def test_a_failed_run_says_how_its_trainer_ended() -> None:
     assert _exit_text(1) == "exit 1"
     assert _exit_text(-9) == "killed by SIGKILL: out of memory? see dmesg; run the sweep again to resume it"
