@@ -352,7 +352,8 @@ def test_transcript_figures_read_the_session_after_the_banner() -> None:
         "ZeroDivisionError: division by zero\n>>> x y\n  File \"<stdin>\", line 1\n    x y\n    ^\n" \
         "SyntaxError: invalid syntax\n>>> submit(0)\n"
     assert collect_script.transcript_figures([looked, ritual, block, failed]) == {
-        "looked_at_value_frac": 0.5, "header_example_first_frac": 0.25, "imports_per_episode": 0.5}
+        "looked_at_value_frac": 0.5, "header_example_first_frac": 0.25, "imports_per_episode": 0.5,
+        "rebound_submit_frac": 0.0}
 
 
 def test_override_forms_and_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
