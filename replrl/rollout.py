@@ -21,7 +21,7 @@ from .answers import checkable
 from .backends.base import Generator, GenSession
 from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession, ReplStep
 from .rewards import SYNTAX_ERRORS, RewardModel
-from .tasks.base import Task
+from .tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from .types import Line, LineSample, SamplingParams, Trajectory
 
 SUBMIT = "submit"
@@ -106,6 +106,7 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
     submitted: list[Any] = []
     try:
         async with pool.acquire() as kernel:  # the pool defines the task's tools (KernelPool(tools=task.tools))
+            traj.timing["setup_s"] = await run_setup(kernel, task, row)
             session = ReplSession(kernel, banner="")
             while True:
                 t0 = time.perf_counter()
@@ -168,8 +169,23 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
         traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
     rewards.finish(traj, bool(submitted))  # end-of-episode terms, gates, the outcome terms
     traj.text = tokenizer.decode(traj.token_ids)
-    traj.timing = {"generation_wait_s": gen_s, "execution_s": exec_s}
+    traj.timing.update(generation_wait_s=gen_s, execution_s=exec_s)
     return traj
+
+
+async def run_setup(kernel: Any, task: Task, row: dict) -> float:
+    """Run the task's per-problem ``setup(row)`` source in ``kernel`` (before the first line; nothing of it enters
+    the transcript, its output is discarded) and return its wall time; 0.0 when the task has none. A setup that
+    raises, times out or kills the kernel is a TaskError naming the row."""
+    source = setup_source(task, row)
+    if not source.strip():
+        return 0.0
+    t0 = time.perf_counter()
+    result = await kernel.execute(source, mode="exec", timeout=max(SETUP_TIMEOUT_S, kernel.limits.wall_s))
+    if result.status != "ok":
+        last = [ln for ln in result.output.strip().splitlines() if ln.strip()][-1:] or [result.error_name or ""]
+        raise TaskError(f"task {task.name!r}: setup of {row_label(row)} failed ({result.status}): {last[0][:200]}")
+    return time.perf_counter() - t0
 
 
 def _merge(step: ReplStep, eof: ReplStep | None) -> ReplStep:
@@ -220,7 +236,14 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
                 progress.update(1)
             return traj
 
-        trajs = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+        episodes = [asyncio.ensure_future(one(i)) for i in range(len(prompts))]
+        try:
+            trajs = list(await asyncio.gather(*episodes))
+        except BaseException:  # e.g. a task's setup failed: stop the other episodes before their kernels go
+            for e in episodes:
+                e.cancel()
+            await asyncio.gather(*episodes, return_exceptions=True)
+            raise
     finally:
         await gen.aclose()
     stats = RolloutStats(wall_s=time.perf_counter() - t0,
@@ -228,7 +251,8 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
                          execution_s=sum(t.timing["execution_s"] for t in trajs),
                          model_tokens=sum(sum(t.loss_mask) for t in trajs),
                          env_tokens=sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs),
-                         extra={f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()})
+                         extra={"setup_s": sum(t.timing.get("setup_s", 0.0) for t in trajs),
+                                **{f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()}})
     return trajs, stats
 
 

@@ -28,6 +28,9 @@ class Task(Protocol):
     numpy scalar as its Python value), Fraction and Decimal as their ``str`` ("3/4"). Anything else the code submits
     (a list, an object, NaN, an int over 1000 digits) is recorded as ``{"rejected": why, "repr": ...}`` and counted
     wrong without calling ``check``. ``replrl.answers.parse_number`` reads the numbers among these.
+
+    Optionally a task also has ``setup(row) -> str``: per-problem Python source run in the kernel before the first
+    line, outside the transcript (see ``TaskWithSetup``).
     """
 
     name: str
@@ -49,6 +52,53 @@ class Task(Protocol):
     def check(self, row: dict, submitted: Any) -> bool:
         """Whether a submitted value is a correct answer to the row."""
         ...
+
+
+@runtime_checkable
+class TaskWithSetup(Task, Protocol):
+    """A Task whose problems put data in the kernel: ``setup`` is the one optional method of the Task protocol (a
+    task without it is a plain Task; the rollout calls it when it is there)."""
+
+    def setup(self, row: dict) -> str:
+        """Python source run in the episode's kernel before the model's first line: the problem's data, which the
+        model must inspect (``orders = [...]``, a DataFrame, a black-box function). It is not part of the transcript
+        and its output is discarded; the model's first line sees what it defined. Build it from the row's data
+        only, never from the reference answer: everything it defines is readable by the model. It runs under the
+        kernel's limits (with at least SETUP_TIMEOUT_S of wall time); if it raises, the rollout stops with a
+        TaskError naming the row. Its wall time is ``Trajectory.timing["setup_s"]``, outside ``execution_s``. An
+        empty string means nothing to set up. ``replrl.rollout.run_setup`` runs it (tree rollouts run it again
+        before replaying lines into a fresh kernel)."""
+        ...
+
+
+SETUP_TIMEOUT_S = 60.0
+"""Wall-time floor of a task's ``setup`` (importing pandas alone can take seconds on a busy machine); the kernel's
+own ``Limits.wall_s`` applies when it is longer."""
+
+
+def setup_source(task: Any, row: dict) -> str:
+    """The task's per-problem setup source for ``row`` ("" when the task has no ``setup``); a ``setup`` that does
+    not return a str is a TaskError."""
+    setup = getattr(task, "setup", None)
+    if setup is None:
+        return ""
+    source = setup(row)
+    if not isinstance(source, str):
+        raise TaskError(f"task {getattr(task, 'name', '?')!r}: setup() must return Python source as a str (got a "
+                        f"{type(source).__name__} for {row_label(row)})")
+    return source
+
+
+def row_label(row: Mapping[str, Any]) -> str:
+    """A short name for a row in a one-line message: its id, family/level or question, whichever it has."""
+    for key in ("id", "problem_id", "name"):
+        if key in row:
+            return f"row {key}={row[key]!r}"
+    parts = [f"{k}={row[k]!r}" for k in ("family", "level", "params") if k in row]
+    if parts:
+        return "row " + " ".join(parts)[:160]
+    question = str(row.get("question", ""))
+    return f"row {question[:80]!r}" if question else f"row {str(dict(row))[:80]}"
 
 
 def task_class(name: str) -> Any:
