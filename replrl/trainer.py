@@ -467,7 +467,7 @@ class Trainer:
                 break
         contrast = [c for w in waves for c in w.contrast]
         kept = select_groups(contrast, want, at_least=self.world)
-        if bound and not enough:
+        if bound and not enough and self.main:
             log.info("step %d: %d of %d groups with a contrast after %d waves (the bound); training on those",
                      self.step + 1, sum(contrast), want, len(waves))
         local = [t for j, i in enumerate(kept) if j % self.world == self.rank for t in drawn[i]]
