@@ -2,6 +2,7 @@
 
     1. sample problems          (a seeded permutation of the training split; the position is checkpointed)
     2. group rollouts           (group_size episodes per problem, all at once: rollout.py)
+       (rollout.dynamic_sampling: 1-2 in waves until enough groups have a contrast: dynamic_sampling.py)
     3. rewards                  (per line, attached during the rollout: rewards.py; totals per episode here)
     4. advantages               (outcome or per-line estimator: advantages.py)
     5. loss and optimizer steps (clipped surrogate: loss.py; epochs x minibatches x micro-batches)
