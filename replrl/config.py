@@ -102,6 +102,17 @@ class RolloutConfig:
     """Address-space limit of each kernel."""
     seed: int = 0
     """Seed of the sampler's random generator."""
+    dynamic_sampling: bool = False
+    """Dynamic sampling (DAPO's): a step draws problems in waves of problems_per_step until it holds problems_per_step
+    groups whose rewards are not all equal (see dynamic_sampling_signal), or dynamic_sampling_extra_waves is spent;
+    it then trains on those groups only. Costs more rollouts per step, spends no update on groups with nothing to
+    learn (docs/dynamic-sampling.md). Off: one wave, every group trained on, as before."""
+    dynamic_sampling_extra_waves: int = 3
+    """With dynamic_sampling: waves a step may draw beyond the first (the bound). When it is spent, the step trains on
+    the groups with a contrast it holds (dynsamp/bound_reached = 1)."""
+    dynamic_sampling_signal: str = "outcome"
+    """Which episode reward must differ within a group for it to be kept: outcome (the final-answer terms: correct,
+    wrong, no_submit) or reward (the total, per-line terms included: nearly every group differs there)."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -111,6 +122,11 @@ class RolloutConfig:
         if not 0 < self.top_p <= 1:
             raise ConfigError("rollout.top_p must be in (0, 1]")
         check_choice("rollout.isolation", self.isolation, ("auto", "bwrap", "unshare", "rlimits"))
+        if self.dynamic_sampling_extra_waves < 0:
+            raise ConfigError("rollout.dynamic_sampling_extra_waves must be >= 0")
+        from .dynamic_sampling import CONTRAST_SIGNALS
+
+        check_choice("rollout.dynamic_sampling_signal", self.dynamic_sampling_signal, tuple(CONTRAST_SIGNALS))
 
     def sampling(self, seed: int | None = None):
         from .types import SamplingParams

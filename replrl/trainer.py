@@ -2,6 +2,7 @@
 
     1. sample problems          (a seeded permutation of the training split; the position is checkpointed)
     2. group rollouts           (group_size episodes per problem, all at once: rollout.py)
+       (rollout.dynamic_sampling: 1-2 in waves until enough groups have a contrast: dynamic_sampling.py)
     3. rewards                  (per line, attached during the rollout: rewards.py; totals per episode here)
     4. advantages               (outcome or per-line estimator: advantages.py)
     5. loss and optimizer steps (clipped surrogate: loss.py; epochs x minibatches x micro-batches)
@@ -39,13 +40,21 @@ from .backends import load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_toml
+from .dynamic_sampling import (
+    WAVE_SEED_STRIDE,
+    WaveRecord,
+    group_has_contrast,
+    select_groups,
+    split_groups,
+    wave_metrics,
+)
 from .evaluation import EvaluationStopped, eval_config, evaluate, split_rows, task_from_config
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
 from .metrics import EvalWaves, MetricsWriter
 from .policy import enable_gradient_checkpointing, load_policy
 from .provenance import record_environment
 from .rewards import RewardModel
-from .rollout import EpisodeRules, rollout, summarize
+from .rollout import EpisodeRules, RolloutStats, rollout, summarize
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
@@ -239,7 +248,11 @@ class Trainer:
 
     @property
     def sampling(self) -> SamplingParams:
-        return self.cfg.rollout.sampling(seed=self.cfg.rollout.seed * 1_000_003 + self.step)
+        return self.wave_sampling(0)
+
+    def wave_sampling(self, wave: int) -> SamplingParams:
+        """Sampling of this step's ``wave`` (dynamic sampling's later waves get seeds of their own)."""
+        return self.cfg.rollout.sampling(seed=self.cfg.rollout.seed * 1_000_003 + self.step + wave * WAVE_SEED_STRIDE)
 
     def banned(self, vocab_size: int) -> TokenMasks:
         if self._banned is None or len(self._banned.anywhere) != vocab_size:
@@ -374,18 +387,25 @@ class Trainer:
 
     def train_step(self, pool: KernelPool) -> StepResult:
         cfg, t_step = self.cfg, time.perf_counter()
-        # 1. sample problems (every rank draws the same ones and keeps its share: whole groups stay on one rank)
-        problems = self.problems.take(cfg.rollout.problems_per_step)[self.rank::self.world]
-        # 2. group rollouts (the policy samples in eval mode, without gradients)
-        self.model.eval()
         rewards = self.rewards.at(self.step)  # scheduled weights: those of this step
-        trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
-                                        self.rules, group_size=cfg.rollout.group_size,
-                                        chat_template=cfg.model.chat_template))
+        self.model.eval()  # the policy samples in eval mode, without gradients
+        if cfg.rollout.dynamic_sampling:  # 1-2 in waves, until the step holds enough groups with a contrast
+            trajs, every_rank, stats, wave_stats = self._rollout_waves(pool, rewards)
+        else:
+            # 1. sample problems (every rank draws the same ones and keeps its share: whole groups stay on one rank)
+            problems = self.problems.take(cfg.rollout.problems_per_step)[self.rank::self.world]
+            # 2. group rollouts
+            trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
+                                            self.rules, group_size=cfg.rollout.group_size,
+                                            chat_template=cfg.model.chat_template))
+            every_rank, wave_stats = gather_object(trajs) if self.world > 1 else trajs, {}
         t_rollout = time.perf_counter() - t_step
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
-        every_rank = gather_object(trajs) if self.world > 1 else trajs
+        # (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's on the stream)
         metrics = summarize(every_rank, stats)
+        metrics["groups_with_contrast"] = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
+                                              for g in split_groups(every_rank, cfg.rollout.group_size))
+        metrics.update(wave_stats)
         metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
         # 4. advantages (the estimator takes the options of cfg.advantages it declares)
         batch = batch_tensors(trajs, self.pad_id)
@@ -416,6 +436,46 @@ class Trainer:
         if self.main and cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
             self.metrics.samples(self.step, every_rank[:: max(cfg.rollout.group_size, 1)][:2])
         return StepResult(self.step, metrics, trajs)
+
+    def _rollout_waves(self, pool: KernelPool, rewards: RewardModel) -> tuple[list[Trajectory], list[Trajectory],
+                                                                               RolloutStats, dict[str, float]]:
+        """Stages 1-2 under dynamic sampling: waves of problems_per_step problems (each rank rolls out its share, as
+        without it) until problems_per_step groups have a contrast or the bound is spent. Every rank sees every
+        group (gathered), so all decide alike; the kept groups are then dealt to the ranks whole, in the order
+        drawn. Returns (this rank's episodes to train on, every episode drawn, rollout stats, dynsamp/ figures)."""
+        cfg = self.cfg.rollout
+        G, want = cfg.group_size, cfg.problems_per_step
+        drawn: list[list[Trajectory]] = []  # every group of every wave, over all ranks, in stream order
+        waves: list[WaveRecord] = []
+        stats = RolloutStats()
+        while True:
+            t0 = time.perf_counter()
+            problems = self.problems.take(want)[self.rank::self.world]
+            trajs, wave_stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards,
+                                                 self.wave_sampling(len(waves)), self.rules, group_size=G,
+                                                 chat_template=self.cfg.model.chat_template))
+            stats = stats.merge(wave_stats)
+            # local group g is problem rank + g * world of the wave
+            mine = [(self.rank + g * self.world, group) for g, group in enumerate(split_groups(trajs, G))]
+            groups = [group for _, group in sorted(gather_object(mine) if self.world > 1 else mine,
+                                                   key=lambda x: x[0])]
+            drawn += groups
+            waves.append(WaveRecord([group_has_contrast(g, cfg.dynamic_sampling_signal) for g in groups],
+                                    time.perf_counter() - t0))
+            enough = sum(c for w in waves for c in w.contrast) >= want
+            bound = len(waves) > cfg.dynamic_sampling_extra_waves
+            if enough or bound or self._any_rank(self._stop):  # Ctrl-C: train on what the step holds
+                break
+        contrast = [c for w in waves for c in w.contrast]
+        kept = select_groups(contrast, want, at_least=self.world)
+        if bound and not enough and self.main:
+            log.info("step %d: %d of %d groups with a contrast after %d waves (the bound); training on those",
+                     self.step + 1, sum(contrast), want, len(waves))
+        local = [t for j, i in enumerate(kept) if j % self.world == self.rank for t in drawn[i]]
+        for k, t in enumerate(local):  # group ids of this rank's batch (the advantage normalises within them)
+            t.group = k // G
+        every = [t for g in drawn for t in g]
+        return local, every, stats, wave_metrics(waves, kept, G, bound_reached=bound and not enough)
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
         """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""

@@ -52,3 +52,25 @@ def test_two_processes_train_write_once_and_resume(format_model_dir, tmp_path):
     assert rows[2]["data_position"] == 6  # both ranks continued at the saved data position: 2 problems a step
     state = json.loads((checkpoint.latest(run) / "state.json").read_text())
     assert state["step"] == 3 and state["data_position"] == 6
+
+
+def test_two_processes_with_dynamic_sampling_agree_on_the_waves_and_train_kept_groups(format_model_dir, tmp_path):
+    run = tmp_path / "run"
+    toy = ["--model.name", str(format_model_dir), "--model.chat_template", "false", "--task.name",
+           "tests.toy:EchoTask", "--rollout.max_lines", "3", "--rollout.max_line_tokens", "12",
+           "--rollout.temperature", "1.0", "--rollout.dynamic_sampling", "true",
+           "--rollout.dynamic_sampling_extra_waves", "3", "--run.max_steps", "3"]
+    done = launch("--run-dir", str(run), "--run.eval_n", "0", *toy)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3], "only the main process writes metrics"
+    waves = 0
+    for r in rows:  # both ranks drew the same waves (else the stream positions, and the collectives, would differ)
+        waves += r["dynsamp/waves"]
+        assert r["data_position"] == 2 * waves and r["episodes"] == 4 * r["dynsamp/groups_drawn"]
+        assert r["dynsamp/groups_kept"] == 2 or r["dynsamp/bound_reached"] == 1
+        assert r["rank_weight_drift"] == 0.0, "the ranks' weights diverged"
+        assert (r["grad_norm"] > 0) == (r["dynsamp/groups_kept"] > 0)
+    assert waves > 3, "smoke.toml's seed draws a wave without enough contrast at least once"
+    logged = done.stderr.count("groups with a contrast after")
+    assert logged == sum(r["dynsamp/bound_reached"] for r in rows), "the bound is logged once, by the main process"

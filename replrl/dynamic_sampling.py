@@ -1,0 +1,113 @@
+"""Dynamic sampling (DAPO's; verl's ``algorithm.filter_groups``): groups with nothing to learn are replaced before
+the update.
+
+A group-relative advantage is zero on every episode of a group whose rewards are all equal (all wrong, all right):
+such a group costs a full rollout and teaches nothing. With ``rollout.dynamic_sampling`` a step draws problems in
+waves of ``problems_per_step`` until it holds ``problems_per_step`` groups with a contrast, or the bound on extra
+waves is spent, and trains on those. The decision is a small function over a group's rewards (``has_contrast``), so
+any group shape plugs in: GRPO's episodes of one problem, or the leaves of a tree.
+
+The trainer runs the waves (it owns the problem stream, the sampler and the ranks); this module holds the pure
+parts: which reward is compared (``CONTRAST_SIGNALS``), whether a group has a contrast, which groups a step keeps,
+and the step's figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .types import Trajectory
+
+CONTRAST_TOL = 1e-6
+"""Rewards closer than this count as equal (float sums of the same terms can differ in the last bit, and a
+std-scaled advantage would blow such a residue up into a full-size signal)."""
+
+WAVE_SEED_STRIDE = 1_000_000_007
+"""Wave w of a step samples with the step's seed + w * this (wave 0 uses the step's own seed, as without dynamic
+sampling), far from the seeds of other steps."""
+
+Signal = Callable[[Trajectory], float]
+
+CONTRAST_SIGNALS: dict[str, Signal] = {}
+"""Per-episode values compared within a group, by name (``rollout.dynamic_sampling_signal``)."""
+
+
+def contrast_signal(name: str) -> Callable[[Signal], Signal]:
+    """Register ``fn(trajectory) -> float`` as a signal named ``name`` (a later one replaces it)."""
+
+    def register(fn: Signal) -> Signal:
+        CONTRAST_SIGNALS[name] = fn
+        return fn
+
+    return register
+
+
+@contrast_signal("outcome")
+def outcome_signal(traj: Trajectory) -> float:
+    """The final-answer terms (correct, wrong, no_submit): a group of all-wrong answers has no contrast."""
+    return sum(traj.outcome_rewards.values())
+
+
+@contrast_signal("reward")
+def reward_signal(traj: Trajectory) -> float:
+    """The episode's total reward, per-line terms included (what the outcome estimator normalises)."""
+    return traj.reward
+
+
+def has_contrast(rewards: Sequence[float], tol: float = CONTRAST_TOL) -> bool:
+    """Whether a group's rewards are not all equal, the only case where a group-relative advantage moves anything.
+    ``rewards``: one value per episode of the group (or per leaf of a tree)."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > tol
+
+
+def group_has_contrast(group: Sequence[Trajectory], signal: str = "outcome") -> bool:
+    """``has_contrast`` over one group's episodes, comparing the named signal."""
+    fn = CONTRAST_SIGNALS[signal]
+    return has_contrast([fn(t) for t in group])
+
+
+def split_groups(trajs: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
+    """Episodes as the rollout returns them (``group_size`` consecutive episodes per problem) -> one list per group."""
+    if len(trajs) % group_size:
+        raise ValueError(f"{len(trajs)} episodes do not split into groups of {group_size}")
+    return [list(trajs[i:i + group_size]) for i in range(0, len(trajs), group_size)]
+
+
+def select_groups(contrast: Sequence[bool], want: int, at_least: int = 1) -> list[int]:
+    """Indices (in the order drawn) of the groups a step trains on: the first ``want`` with a contrast. When fewer
+    than ``at_least`` have one (the bound was reached), the earliest groups without one top the set up to
+    ``at_least`` (each process must hold a group; a group without contrast adds no gradient)."""
+    kept = [i for i, c in enumerate(contrast) if c][:want]
+    if len(kept) < at_least:
+        kept += [i for i, c in enumerate(contrast) if not c][:at_least - len(kept)]
+    return sorted(kept)
+
+
+@dataclass
+class WaveRecord:
+    """One wave of a step, over every process: its groups' contrast flags and its rollout wall time."""
+
+    contrast: list[bool]
+    wall_s: float
+
+
+def wave_metrics(waves: Sequence[WaveRecord], kept: Sequence[int], group_size: int,
+                 bound_reached: bool) -> dict[str, float]:
+    """The step's figures (``dynsamp/...``). ``kept``: indices of the groups trained on, over all waves in order.
+    The rollout time of a wave is shared equally by its groups (they run at once), so the time spent on discarded
+    groups is each wave's wall time times the share of its groups the step did not keep."""
+    flags = [c for w in waves for c in w.contrast]
+    kept_set, start, discarded_s = set(kept), 0, 0.0
+    for w in waves:
+        n = len(w.contrast)
+        dropped = sum(1 for i in range(start, start + n) if i not in kept_set)
+        discarded_s += w.wall_s * dropped / max(n, 1)
+        start += n
+    kept_contrast = sum(1 for i in kept if flags[i])
+    out = {"dynsamp/waves": float(len(waves)), "dynsamp/groups_drawn": float(len(flags)),
+           "dynsamp/groups_kept": float(kept_contrast), "dynsamp/discarded_rollout_s": discarded_s,
+           "dynsamp/bound_reached": float(bound_reached)}
+    if kept_contrast:  # absent when nothing was kept: episodes per nothing is not a number
+        out["dynsamp/episodes_per_kept_group"] = len(flags) * group_size / kept_contrast
+    return out

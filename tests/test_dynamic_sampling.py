@@ -1,0 +1,178 @@
+"""Dynamic sampling: groups with nothing to learn are replaced before the update.
+
+The pure parts (which groups have a contrast, which a step keeps, the step's figures) on small lists worked out by
+hand; the trainer on the tiny format model (it types ``submit(k)`` with k in 1-4 at random, ignoring the question)
+with real kernels. ``EchoTask(digits=(7,))`` asks for a number the model never types: every group is all wrong, so
+no group has a contrast; with digits (1, 7) about two groups in three asking for 1 have one, none asking for 7.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from replrl.config import Config
+from replrl.configlib import ConfigError, resolve
+from replrl.dynamic_sampling import (
+    WaveRecord,
+    group_has_contrast,
+    has_contrast,
+    select_groups,
+    split_groups,
+    wave_metrics,
+)
+from replrl.metrics import read_metrics
+from replrl.rollout import rollout
+from replrl.trainer import ProblemStream, StepResult, Trainer
+from replrl.types import Trajectory
+from sandbox import KernelPool, run_sync
+
+
+def toy(model_dir: Path, digits: tuple[int, ...] = (1, 2, 3, 4), **rollout_opts: object) -> Config:
+    return resolve(Config, None, {
+        "model": {"name": str(model_dir), "chat_template": False},
+        "task": {"name": "tests.toy:EchoTask", "options": {"digits": list(digits)}},
+        "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
+                    "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0, **rollout_opts},
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 8},
+        "run": {"max_steps": 1, "save_every": 1, "log_samples_every": 0, "tensorboard": False, "eval_n": 0,
+                "time_budget_min": 0},
+    })
+
+
+def train(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[Trainer, list[StepResult]]:
+    results: list[StepResult] = []
+    trainer = Trainer(cfg, run_dir, resume=resume, progress=False)
+    trainer.train(on_step=results.append)
+    return trainer, results
+
+
+def episode(outcome: float, line: float = 0.0) -> Trajectory:
+    from replrl.types import Line
+
+    return Trajectory(token_ids=[1], loss_mask=[1], logprobs=[0.0], prompt_len=0, text="",
+                      lines=[Line(code="x", rewards={"syntax_error": line})], outcome_rewards={"correct": outcome})
+
+
+# -- the pure parts ------------------------------------------------------------------------------------------------
+
+def test_a_contrast_is_two_rewards_that_differ():
+    assert not has_contrast([0.0, 0.0, 0.0, 0.0])                 # all wrong
+    assert not has_contrast([1.0, 1.0])                           # all right
+    assert not has_contrast([0.7])                                # one episode (or one leaf) compares with nothing
+    assert not has_contrast([0.1 + 0.2, 0.3])                     # 5.6e-17 apart: the same sum, rounded
+    assert has_contrast([0.0, 0.0, 1.0, 0.0])
+    assert has_contrast([-0.2, 0.0])                              # no answer vs a wrong one: the outcome differs
+    # the signal: the outcome by default; "reward" also sees per-line terms
+    same_outcome = [episode(0.0, line=-0.3), episode(0.0, line=0.0)]
+    assert not group_has_contrast(same_outcome) and group_has_contrast(same_outcome, "reward")
+
+
+def test_the_first_groups_with_a_contrast_are_kept_in_the_order_drawn():
+    flags = [False, True, False, True, True, False]
+    assert select_groups(flags, want=2) == [1, 3]                 # the third contrast group (4) is not needed
+    assert select_groups(flags, want=5) == [1, 3, 4]              # the bound was reached with 3: train on those
+    # none at all: one group without contrast (zero advantage) per process, the earliest drawn
+    assert select_groups([False, False, False], want=2, at_least=2) == [0, 1]
+    assert select_groups([False, True, False], want=2, at_least=2) == [0, 1]
+    assert split_groups(list(range(6)), 3) == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ValueError):
+        split_groups(list(range(5)), 2)
+
+
+def test_wave_figures():
+    # wave 1: 2 groups, 10 s, neither kept -> 10 s discarded; wave 2: 2 groups, 6 s, group 2 kept, group 3 not
+    # -> 3 s discarded. 4 groups of 4 episodes drawn for 1 kept group: 16 episodes per kept group
+    waves = [WaveRecord([False, False], 10.0), WaveRecord([True, False], 6.0)]
+    m = wave_metrics(waves, kept=[2], group_size=4, bound_reached=True)
+    assert m == {"dynsamp/waves": 2.0, "dynsamp/groups_drawn": 4.0, "dynsamp/groups_kept": 1.0,
+                 "dynsamp/discarded_rollout_s": 13.0, "dynsamp/bound_reached": 1.0,
+                 "dynsamp/episodes_per_kept_group": 16.0}
+    # nothing kept but a filler group without contrast: 0 kept, no ratio, the filler's wave share is not discarded
+    m = wave_metrics([WaveRecord([False, False], 8.0)], kept=[0], group_size=4, bound_reached=True)
+    assert m["dynsamp/groups_kept"] == 0 and m["dynsamp/discarded_rollout_s"] == 4.0
+    assert "dynsamp/episodes_per_kept_group" not in m
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="dynamic_sampling_extra_waves"):
+        resolve(Config, None, {"rollout": {"dynamic_sampling_extra_waves": -1}})
+    with pytest.raises(ConfigError, match="dynamic_sampling_signal"):
+        resolve(Config, None, {"rollout": {"dynamic_sampling_signal": "accuracy"}})
+    assert Config().rollout.dynamic_sampling is False              # off by default: old configs mean what they meant
+
+
+# -- the trainer ---------------------------------------------------------------------------------------------------
+
+def test_off_is_today_s_step_and_on_equals_off_when_the_first_wave_suffices(format_model_dir, tmp_path):
+    off, (r_off,) = train(toy(format_model_dir), tmp_path / "off")
+    # today's stages 1-2, by hand: the stream's first problems, sampled with the step's seed
+    again = Trainer(toy(format_model_dir), tmp_path / "again", progress=False)
+    problems = ProblemStream(again.train_rows, again.cfg.run.seed).take(2)
+    pool = run_sync(KernelPool(size=8, limits=again.cfg.rollout.limits(), tools=again.task.tools).start())
+    try:
+        trajs, _ = run_sync(rollout(again.generator, pool, again.task, problems, again.rewards.at(0), again.sampling,
+                                    again.rules, group_size=4, chat_template=False))
+    finally:
+        run_sync(pool.close())
+    assert [t.token_ids for t in r_off.trajectories] == [t.token_ids for t in trajs]
+    assert [t.row for t in r_off.trajectories] == [i for i, _ in problems for _ in range(4)]
+    (row,) = read_metrics(tmp_path / "off")
+    assert row["data_position"] == 2 and not any(k.startswith("dynsamp/") for k in row)
+    assert row["groups_with_contrast"] == 2, "the seed was picked so that both first groups have a contrast"
+
+    on, (r_on,) = train(toy(format_model_dir, dynamic_sampling=True), tmp_path / "on")
+    (row_on,) = read_metrics(tmp_path / "on")
+    assert row_on["dynsamp/waves"] == 1 and row_on["dynsamp/groups_kept"] == 2
+    assert [t.token_ids for t in r_on.trajectories] == [t.token_ids for t in r_off.trajectories]
+    for a, b in zip(on.model.parameters(), off.model.parameters(), strict=True):
+        assert torch.equal(a, b), "the same groups must give the same update"
+
+
+def test_the_bound_ends_the_waves_and_the_step_trains_on_what_it_has(format_model_dir, tmp_path):
+    cfg = toy(format_model_dir, digits=(7,), dynamic_sampling=True, dynamic_sampling_extra_waves=2)
+    _, (result,) = train(cfg, tmp_path / "run")
+    (row,) = read_metrics(tmp_path / "run")
+    # 1 + 2 waves of 2 problems, none with a contrast (nobody types 7)
+    assert row["dynsamp/waves"] == 3 and row["dynsamp/groups_drawn"] == 6 and row["dynsamp/groups_kept"] == 0
+    assert row["dynsamp/bound_reached"] == 1 and row["data_position"] == 6 and row["groups_with_contrast"] == 0
+    assert row["episodes"] == 24 and row["accuracy"] == 0                # the figures are of every episode drawn
+    assert "dynsamp/episodes_per_kept_group" not in row
+    # one group without contrast stands in: zero advantage, so every backward is skipped
+    assert len(result.trajectories) == 4 and row["backward_skipped_frac"] == 1.0
+    # every wave's groups but the stand-in's share of the first were discarded
+    assert 0 < row["dynsamp/discarded_rollout_s"] < row["rollout_s"]
+
+
+def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(format_model_dir, tmp_path):
+    cfg = toy(format_model_dir, digits=(1, 7), dynamic_sampling=True, dynamic_sampling_extra_waves=4)
+    cfg.run.max_steps = 2
+    _, straight = train(cfg, tmp_path / "straight")
+    rows = read_metrics(tmp_path / "straight")
+    for row, result in zip(rows, straight, strict=True):
+        kept = int(row["dynsamp/groups_kept"])
+        assert row["dynsamp/groups_drawn"] == 2 * row["dynsamp/waves"]          # waves of problems_per_step
+        assert kept == 2 or row["dynsamp/bound_reached"] == 1
+        assert row["dynsamp/episodes_per_kept_group"] == pytest.approx(4 * row["dynsamp/groups_drawn"] / kept)
+        assert 0 <= row["dynsamp/discarded_rollout_s"] < row["rollout_s"]
+        groups = split_groups(result.trajectories, 4)
+        assert len(groups) == kept and all(group_has_contrast(g) for g in groups)
+        assert all(len({t.row for t in g}) == 1 and {t.group for t in g} == {k} for k, g in enumerate(groups))
+    assert rows[-1]["data_position"] == 2 * sum(r["dynsamp/waves"] for r in rows)
+    assert sum(r["dynsamp/waves"] for r in rows) > 2, "the seed was picked so that some wave has no contrast"
+
+    cfg.run.max_steps = 1
+    train(cfg, tmp_path / "resumed")
+    cfg.run.max_steps = 2
+    resumed, (second,) = train(cfg, tmp_path / "resumed", resume=True)
+    again = read_metrics(tmp_path / "resumed")[1]
+    # what the rollout decided is the same exactly: the problems, the waves, every sampled token
+    for key in ("data_position", "dynsamp/waves", "dynsamp/groups_drawn", "dynsamp/groups_kept", "episodes",
+                "reward_mean", "accuracy", "groups_with_contrast"):
+        assert again[key] == rows[1][key], key
+    assert [(t.row, t.token_ids) for t in second.trajectories] == \
+        [(t.row, t.token_ids) for t in straight[1].trajectories]
+    # the update from restored weights and optimizer state: the same up to float rounding
+    assert again["grad_norm"] == pytest.approx(rows[1]["grad_norm"], rel=1e-3)
