@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from replrl.repl import ReplSession
 from replrl.rollout import run_setup
 from replrl.tasks import ExploreTask, TaskError, TaskWithSetup, load_task
 from replrl.tasks.explore_families import FAMILIES, f_value
+from replrl.viewer import load_jsonl, trajectory_html
 from sandbox import KernelPool, Limits, run_sync
 
 COMBOS = [(f, lv) for f in FAMILIES for lv in (1, 2, 3)]
@@ -209,3 +212,27 @@ def test_the_black_box_cannot_be_read_back(sandboxed):
         assert "['bytes', 'bytes']" in out and "None None {}" in out
         values = [f_value(params["spec"], x) for x in (0, 3, 7)]
         assert f"{values[0]} {values[1]} {values[2]}" in out, out
+
+
+def test_the_rollout_command_and_the_viewer_show_explore_episodes(tmp_path):
+    out = tmp_path / "episodes.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "replrl.cli", "rollout", "--task", "explore", "--model", "tiny",
+                           "--n", "2", "--task.level", "2", "--rollout.max_lines", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["episodes"] == 2 and summary["setup_s"] > 0
+    trajs = load_jsonl(out)
+    rows = ExploreTask(level=2).rows("test")
+    for t in trajs:
+        row = rows[t.row]
+        assert t.task == "explore" and row["question"] in t.text and t.timing["setup_s"] > 0
+        assert task_data_literal(row) not in t.text  # the data is in the kernel, not the transcript
+        page = trajectory_html(t)
+        assert "data loaded by the task&#x27;s setup" in page or "data loaded by the task's setup" in page
+
+
+def task_data_literal(row: dict) -> str:
+    """The start of the data as the setup writes it (a repr): what must not be in the transcript."""
+    params = json.loads(row["params"])
+    return repr(params[FAMILIES[row["family"]].data_key])[:30]
