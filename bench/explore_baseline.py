@@ -11,7 +11,8 @@ plus two that say whether the model used what it saw:
 - ``looked_ok_then_more``: the same, counting only output of a line that ran without an error (a value, a print).
 
 Level 1's problems are sampled first, so its accuracy is known early. Every wave's episodes are appended to
-``--episodes DIR/<model>@<T>.jsonl``; a rerun skips finished problems. Printed: a markdown table, then one JSON line.
+``--episodes DIR/<model>@<T>.jsonl``; a rerun skips finished problems, and ``--saved-only`` makes the figures from
+what an interrupted run sampled (each level's count says how many). Printed: a markdown table, then one JSON line.
 
     python bench/explore_baseline.py [--models M ...] [--temperatures 0.7] [--per-level 30]
     (the 0.5B under the machine's heavy-job lock: flock /tmp/replrl-heavy.lock python bench/explore_baseline.py ...)
@@ -68,7 +69,7 @@ def explore_figures(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 def run_cell(model: str, temperature: float, per_level: int, wave: int, episodes: Path, seed: int,
-             code: str) -> dict[str, Any]:
+             code: str, sample: bool = True) -> dict[str, Any]:
     cfg = load_config(model={"name": model}, task={"name": "explore", "level": 0},
                       rollout={"temperature": temperature}, run={"seed": seed})
     task = task_from_config(cfg)
@@ -83,7 +84,10 @@ def run_cell(model: str, temperature: float, per_level: int, wave: int, episodes
     todo = [pair for pair in chosen if pair[0] not in {t.row for t in done}]
     print(f"{model} T={temperature}: {len(chosen)} problems, {len(chosen) - len(todo)} already done "
           f"(rollout limits: {_limits(cfg)})", flush=True)
-    if todo:
+    if todo and not sample:
+        print(f"  --saved-only: {len(todo)} problems not sampled (the levels' counts say so)", flush=True)
+        chosen = [pair for pair in chosen if pair not in todo]
+    elif todo:
         t0 = time.perf_counter()
         policy, tokenizer = load_policy(cfg.model, seed=seed)
         generator = load_generator(cfg.model.backend, policy, tokenizer)
@@ -144,6 +148,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="docs/results/explore_baseline.json", help="results, one entry per cell")
     p.add_argument("--episodes", default="/tmp/explore_baseline", help="directory for the episodes (JSON Lines)")
+    p.add_argument("--saved-only", action="store_true",
+                   help="figures from the episodes sampled so far (an interrupted run), sampling nothing")
     args = p.parse_args()
     if args.per_level < 1 or args.wave < 1:
         raise ValueError("--per-level and --wave must be >= 1")
@@ -154,9 +160,10 @@ def main() -> int:
         for temperature in args.temperatures:
             key = f"{model}@{temperature}"
             cell = results["cells"].get(key)
-            if cell is None or cell["per_level"] != args.per_level:
+            if cell is None or cell["per_level"] != args.per_level or args.saved_only:
                 episodes = Path(args.episodes) / f"{model.replace('/', '_')}@{temperature}.jsonl"
-                cell = run_cell(model, temperature, args.per_level, args.wave, episodes, args.seed, code)
+                cell = run_cell(model, temperature, args.per_level, args.wave, episodes, args.seed, code,
+                                sample=not args.saved_only)
                 results["cells"][key] = cell
                 out.parent.mkdir(parents=True, exist_ok=True)
                 tmp = out.with_name(f".{out.name}.{os.getpid()}")
