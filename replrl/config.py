@@ -44,14 +44,14 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "arithmetic"
-    """Built-in task (arithmetic, gsm8k) or a user's task by import path module:Class."""
+    """Built-in task (arithmetic, gsm8k, programs, explore) or a user's task by import path module:Class."""
     data: str = ""
     """Dataset for data-backed tasks (gsm8k): a hub id, a .jsonl/.parquet file or a directory. Empty: the task's
     default."""
     level: int = 1
-    """Difficulty of a generated task: arithmetic 1-5, programs 1-3 or 0 (all three mixed). Arithmetic level 1
-    (`What is 82 * 56?`) is where the untrained SmolLM2 is right now and then, so GRPO has something to reinforce
-    (at level 2 it never is)."""
+    """Difficulty of a generated task: arithmetic 1-5, programs and explore 1-3 or 0 (all three mixed). Arithmetic
+    level 1 (`What is 82 * 56?`) is where the untrained SmolLM2 is right now and then, so GRPO has something to
+    reinforce (at level 2 it never is)."""
     train_split: str = "train"
     """Split the training problems come from."""
     eval_split: str = "test"
@@ -65,7 +65,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.level <= 5:
-            raise ConfigError("task.level must be between 0 and 5 (arithmetic: 1-5, programs: 0-3)")
+            raise ConfigError("task.level must be between 0 and 5 (arithmetic: 1-5, programs and explore: 0-3)")
         if self.limit < 0:
             raise ConfigError("task.limit must be >= 0")
 

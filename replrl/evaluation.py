@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def task_from_config(cfg: Config):
     options = dict(cfg.task.options)
-    if cfg.task.name in ("arithmetic", "programs"):  # generated tasks: the level and seed come from the config
+    if cfg.task.name in ("arithmetic", "programs", "explore"):  # generated: the level and seed come from the config
         options.setdefault("level", cfg.task.level)
         options.setdefault("seed", cfg.task.seed)
     if cfg.task.data:

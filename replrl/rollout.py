@@ -311,6 +311,7 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
         out.update({
             "wall_s": stats.wall_s, "generation_s": stats.generation_s, "execution_s": stats.execution_s,
             "other_s": max(stats.wall_s - stats.generation_s, 0.0),
+            "setup_s": stats.extra.get("setup_s", 0.0),  # the tasks' setup, summed over episodes (not execution_s)
             "tokens_per_s": stats.model_tokens / max(stats.wall_s, 1e-9),
         })
     return out

@@ -52,7 +52,9 @@ def trajectory_html(t: Trajectory, show_prompt: bool = False) -> str:
     pieces.append(_span(t.text[cursor:], ENV))
     outcome = ", ".join(f"{k} {v:+.2f}" for k, v in t.outcome_rewards.items())
     header = (f"<b>{html.escape(t.task)} row {t.row}</b> · end: {html.escape(t.end_reason)} · answer: "
-              f"{html.escape(repr(t.answer))} · {'✔' if t.correct else '✘'} · reward {t.reward:+.2f} ({outcome})")
+              f"{html.escape(repr(t.answer))} · {'✔' if t.correct else '✘'} · reward {t.reward:+.2f} ({outcome})"
+              + (f" · data loaded by the task's setup ({t.timing['setup_s']:.1f} s, not shown)"
+                 if t.timing.get("setup_s") else ""))
     return f'<div>{header}<div style="{STYLE}">{"".join(pieces)}</div></div>'
 
 

@@ -12,6 +12,7 @@ BUILTIN_TASKS: dict[str, str] = {
     "arithmetic": "replrl.tasks.arithmetic:ArithmeticTask",
     "gsm8k": "replrl.tasks.gsm8k:GSM8KTask",
     "programs": "replrl.tasks.programs:ProgramsTask",
+    "explore": "replrl.tasks.explore:ExploreTask",
 }
 """Built-in task names and the import path each resolves to (loaded lazily: gsm8k pulls in ``datasets``)."""
 
