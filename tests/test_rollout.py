@@ -27,7 +27,7 @@ from tests.scripted import EOF_SCRIPTS, SCRIPTS, ScriptTask, script_sequences, t
 
 pytestmark = pytest.mark.timeout(900)  # the module fixture teaches the scripts (about a minute on 2 cores)
 LIMITS = Limits(wall_s=1.0, interrupt_grace_s=1.0)
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=True)
 SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=5, max_total_tokens=400, seed=1)
 
 
