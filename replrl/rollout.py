@@ -21,6 +21,7 @@ from .answers import checkable
 from .backends.base import Generator, GenSession
 from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession, ReplStep
 from .rewards import SYNTAX_ERRORS, RewardModel
+from .states import state_stats
 from .tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from .types import Line, LineSample, SamplingParams, Trajectory
 
@@ -314,6 +315,7 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
     for t in trajs:
         reasons[t.end_reason] = reasons.get(t.end_reason, 0) + 1
     out.update({f"end/{k}": v / n for k, v in sorted(reasons.items())})
+    out.update(state_stats(trajs))
     if stats is not None:
         out.update({
             "wall_s": stats.wall_s, "generation_s": stats.generation_s, "execution_s": stats.execution_s,
