@@ -161,9 +161,8 @@ def test_config_needs_the_digest_for_the_state_estimator():
 
 def test_worked_example_with_real_kernels():
     """The four episodes typed into real kernels: their recorded start states reproduce the table's."""
-    from sandbox import KernelPool
-
     from replrl.repl import ReplSession
+    from sandbox import KernelPool
 
     async def run():
         async with KernelPool(size=4, tools=("submit",)) as pool:
