@@ -141,6 +141,7 @@ def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: 
         "accuracy": sum(bool(t.correct) for t in trajs) / len(trajs),
         "repeat_frac_named": figures.get("state/repeat_frac", 0.0),
         "repeat_frac_values": figures.get("state/repeat_frac_values", 0.0),
+        "fresh_frac": figures.get("state/fresh_frac", 0.0),
         "step_groups_named": figures.get("state/step_groups", 0.0),
         "step_groups_values": figures.get("state/step_groups_values", 0.0),
         "credited_apart_named": _states_credited_apart(trajs, "named"),
@@ -192,7 +193,8 @@ def main() -> None:
         r = rollouts[model]
         print(f"{model}: {r['episodes']} episodes, {r['lines']} lines ({r['lines_after_first']} after the first), "
               f"accuracy {r['accuracy']:.0%}; start state repeats: named {r['repeat_frac_named']:.1%}, values "
-              f"{r['repeat_frac_values']:.1%}; step groups {r['step_groups_named']:.0f} / "
+              f"{r['repeat_frac_values']:.1%} (in the fresh state: {r['fresh_frac']:.1%}); "
+              f"step groups {r['step_groups_named']:.0f} / "
               f"{r['step_groups_values']:.0f}; credited apart from outcome: {r['credited_apart_named']:.1%} / "
               f"{r['credited_apart_values']:.1%}; repeats by line {r['repeats_values_by_line']}; "
               f"rollout {r['rollout_wall_s']:.0f} s", flush=True)

@@ -143,6 +143,10 @@ def test_repeat_statistics_of_the_worked_example():
     assert stats["state/repeat_frac_values"] == pytest.approx(5 / 6)
     assert stats["state/step_groups_values"] == 1.0
     assert stats["state/repeat_frac"] == 0.0 and stats["state/step_groups"] == 0.0
+    assert stats["state/fresh_frac"] == 0.0  # no later line is typed in S0
+    s0 = ["S0", "S0"]
+    stuck = state_stats([episode(["1/0", "1/0"], 0.0, s0, s0), episode(["a = 1"], 1.0, s0[:1], s0[:1])])
+    assert stuck["state/fresh_frac"] == stuck["state/repeat_frac"] == 1.0 and stuck["state/step_groups"] == 0.0
     assert "state/digest_ms_mean" not in stats  # no line recorded a digest time
     assert state_stats([episode(["a"], 1.0, [""], [""])]) == {}
 
