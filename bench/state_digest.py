@@ -23,6 +23,7 @@ import asyncio
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from replrl.advantages import batch_tensors, compute_advantages
@@ -35,6 +36,7 @@ from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, rollout
 from replrl.states import state_stats
 from replrl.types import Trajectory
+from replrl.viewer import save_jsonl
 from sandbox import Kernel, KernelPool, Limits, run_sync
 
 TYPICAL_LINES = (
@@ -110,9 +112,10 @@ def _states_credited_apart(trajs: list[Trajectory], key: str) -> float:
 
 
 def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: float = 0.7, level: int = 1,
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, episodes: Path | None = None) -> dict[str, Any]:
     """Roll out ``groups`` x ``group_size`` episodes of ``programs`` at ``level`` with digests on; the repeat
-    statistics of their start states (``replrl.states.state_stats``) and a few more figures."""
+    statistics of their start states (``replrl.states.state_stats``) and a few more figures. ``episodes``: a JSON
+    Lines file to keep the episodes in."""
     cfg = load_config(model={"name": model}, task={"name": "programs", "level": level},
                       rollout={"temperature": temperature, "group_size": group_size, "state_digest": True},
                       run={"seed": seed})
@@ -133,6 +136,9 @@ def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: 
         run_sync(pool.close())
         if hasattr(generator, "close"):
             generator.close()
+    if episodes is not None:
+        episodes.parent.mkdir(parents=True, exist_ok=True)
+        save_jsonl(trajs, episodes)
     figures = state_stats(trajs)
     lines = [ln for t in trajs for ln in t.lines]
     later = [ln for t in trajs for ln in t.lines[1:]]
@@ -179,6 +185,7 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--level", type=int, default=1)
+    p.add_argument("--episodes", default="/tmp/state_digest", help="directory for the episodes (JSON Lines)")
     args = p.parse_args()
     if args.rounds < 1 or args.groups < 1 or args.group_size < 2:
         raise ValueError("--rounds and --groups must be >= 1, --group-size >= 2")
@@ -189,7 +196,8 @@ def main() -> None:
           f"without ({cost['lines_measured']} lines)", flush=True)
     rollouts = {}
     for model in [m for m in args.models if m != "none"]:
-        rollouts[model] = repeat_rates(model, args.groups, args.group_size, args.temperature, args.level)
+        rollouts[model] = repeat_rates(model, args.groups, args.group_size, args.temperature, args.level,
+                                       episodes=Path(args.episodes) / f"{model.replace('/', '_')}.jsonl")
         r = rollouts[model]
         print(f"{model}: {r['episodes']} episodes, {r['lines']} lines ({r['lines_after_first']} after the first), "
               f"accuracy {r['accuracy']:.0%}; start state repeats: named {r['repeat_frac_named']:.1%}, values "
