@@ -80,8 +80,9 @@ class ReplSession:
         if not self.buffer:
             return self.state.named, self.state.values
         pending = "\n".join(self.buffer).encode("utf-8", "surrogatepass")
-        return tuple(hashlib.blake2b(d.encode() + b"\0" + pending, digest_size=8).hexdigest()  # type: ignore[return-value]
-                     for d in (self.state.named, self.state.values))
+        named, values = (hashlib.blake2b(d.encode() + b"\0" + pending, digest_size=8).hexdigest()
+                         for d in (self.state.named, self.state.values))
+        return named, values
 
     async def refresh_state(self) -> None:
         """Ask the kernel for the digest of its namespace now (after code run outside the session, e.g. a task's
