@@ -3,7 +3,8 @@
 Every estimator is a pure function of a padded batch (see ``batch_tensors``) and returns ``adv [B, T]``, zero
 wherever ``loss_mask`` is 0. Built-ins: ``"outcome"`` (GRPO: one number per episode), ``"line"`` (per-line
 return-to-go, normalised per line index, mixed with the outcome advantage; biased when episodes differ in length) and
-``"line_rtg"`` (per-line return-to-go minus the leave-one-out mean return of the group: unbiased). Add your own by
+``"line_rtg"`` (per-line return-to-go minus the leave-one-out mean return of the group: unbiased) and ``"state"``
+(lines typed in the same interpreter state form step groups: GiGPO's anchor states). Add your own by
 name; it receives only the options it declares::
 
     @advantage_estimator("last_line_only")
@@ -230,6 +231,69 @@ def line_rtg_advantages(
     return torch.where(has_line, line_part, per_token(episode_adv, loss_mask).to(r.dtype))  # [B, T]
 
 
+def _reached(key: Tensor, known: Tensor, same_group: Tensor) -> Tensor:
+    """[B, L, B']: whether episode j (of line (i, l)'s group) has some line with the same ``key`` [B, L]."""
+    B, L = key.shape
+    _, inverse = torch.unique(key, return_inverse=True)                    # [B, L]  0..S-1
+    has = torch.zeros(B, int(inverse.max()) + 1, dtype=torch.bool, device=key.device)  # [B', S]
+    has[torch.arange(B, device=key.device)[:, None].expand(B, L)[known], inverse[known]] = True
+    return has.T[inverse] & same_group[:, None, :] & known[:, :, None]     # [B, L, B']
+
+
+def state_advantages(
+    line_state: Tensor,
+    line_code: Tensor,
+    line_rewards: Tensor,
+    outcome: Tensor,
+    group: Tensor,
+    line_index: Tensor,
+    loss_mask: Tensor,
+    state_weight: float = 0.5,
+    scale: Scale = "std",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Credit per line from repeated interpreter states (GiGPO's anchor states, with outcomes as returns) -> [B, T].
+
+    ``line_state`` [B, L] numbers the state each line was typed in (-1: unknown or no line), ``line_code`` [B, L]
+    the line's text; equal numbers mean equal states / texts (``batch_tensors`` interns them). Let R_j be episode j's
+    return (outcome + line rewards, as in ``outcome_advantages``). For line l of episode i, typed in state s with text
+    a, within i's group:
+        visited(s) = the episodes with some line typed in s          (each episode counted once)
+        took(s, a) = the episodes with some line a typed in s
+        A_step     = mean_{j in took} R_j - mean_{k in visited} R_k  (computed as the mean of R_j - R_k: exactly 0
+                                                                     when the returns are equal)
+    divided by the population std of R over visited(s) when scale="std" (0 stays 0). The line's tokens get
+    ``state_weight * A_step + (1 - state_weight) * A_i`` where A_i is the episode's outcome advantage; where only
+    episode i reached s (a state visited once) or s is unknown, and on sampled tokens in no line, they get A_i alone.
+    So with no state shared between episodes this is ``outcome`` exactly. The first line of every episode starts in
+    the fresh kernel's state, shared by the whole group: with distinct first lines and scale="none" its A_step is
+    R_i - mean R, the outcome advantage itself.
+    """
+    if scale not in ("std", "none"):
+        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    B, L = line_state.shape
+    R = outcome.to(torch.promote_types(line_rewards.dtype, torch.float32)) + _floating(line_rewards).sum(-1)  # [B]
+    known = line_state >= 0                                                # [B, L]
+    same_group = group[:, None] == group[None, :]                          # [B, B']
+    pair = line_state * (int(line_code.max().clamp(min=0)) + 1) + line_code.clamp(min=0)  # [B, L]  (state, text)
+    v = _reached(line_state, known, same_group).to(R.dtype)                # [B, L, B']  j visited s
+    t = _reached(pair, known, same_group).to(R.dtype)                      # [B, L, B']  j took a in s
+    diff = R[:, None] - R[None, :]                                         # [B', B'']  R_j - R_k
+    n_v, n_t = v.sum(-1), t.sum(-1)                                        # [B, L]
+    step = torch.einsum("ilj,jk,ilk->il", t, diff, v) / (n_t * n_v).clamp(min=1)  # [B, L]
+    if scale == "std":
+        var = torch.einsum("ilj,jk,ilk->il", v, diff**2, v) / (2 * n_v**2).clamp(min=1)  # [B, L]  population
+        std = var.sqrt()
+        step = torch.where(std > 0, step / (std + eps), torch.zeros_like(step))  # [B, L]
+    shared = known & (n_v >= 2)                                            # [B, L]  another episode was there too
+    episode_adv = outcome_advantages(outcome, line_rewards, group, scale).to(R.dtype)  # [B]
+    mixed = state_weight * step + (1 - state_weight) * episode_adv[:, None]  # [B, L]
+    line_adv = torch.where(shared, mixed, episode_adv[:, None].expand(B, L))  # [B, L]
+    has_line = (line_index >= 0) & (loss_mask > 0)                         # [B, T]
+    line_part = line_adv.gather(1, line_index.clamp(min=0))                # [B, T]
+    return torch.where(has_line, line_part, per_token(episode_adv, loss_mask).to(R.dtype))  # [B, T]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Built-in estimators
 
@@ -252,6 +316,16 @@ def _line_rtg(batch: dict[str, Tensor], scale: Scale = "none") -> Tensor:
     return line_rtg_advantages(*(batch[k] for k in keys), scale=scale)  # [B, T]
 
 
+@advantage_estimator("state")
+def _state(batch: dict[str, Tensor], state_key: str = "values", state_weight: float = 0.5,
+           scale: Scale = "std") -> Tensor:
+    if state_key not in ("values", "named"):
+        raise ValueError(f"state_key must be 'values' or 'named', got {state_key!r}")
+    keys = ("line_code", "line_rewards", "outcome", "group", "line_index", "loss_mask")
+    states = batch["line_state_values" if state_key == "values" else "line_state"]
+    return state_advantages(states, *(batch[k] for k in keys), state_weight=state_weight, scale=scale)  # [B, T]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Trajectories -> padded tensors
 
@@ -262,7 +336,10 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
     Returns input_ids [B, T] long (pad_id), attention_mask [B, T] long, loss_mask [B, T] float (1 exactly on
     sampled tokens), old_logprobs [B, T] float (0 where loss_mask is 0), line_index [B, T] long (line of each
     sampled token from ``Line.token_span``, -1 elsewhere), line_rewards [B, L] float (sum of the line's terms,
-    0-padded), n_lines [B] long, outcome [B] float (sum of ``outcome_rewards``), group [B] long, correct [B] bool.
+    0-padded), n_lines [B] long, outcome [B] float (sum of ``outcome_rewards``), group [B] long, correct [B] bool,
+    and the line ids the state estimator compares: line_state / line_state_values [B, L] long (the start state of
+    each line with / without names, numbered in order of appearance, -1 where unknown or no line) and line_code
+    [B, L] long (the line's text, numbered likewise).
     """
     if not trajectories:
         raise ValueError("batch_tensors needs at least one trajectory")
@@ -275,6 +352,8 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
     old_logprobs = torch.zeros(B, T)
     line_index = torch.full((B, T), -1, dtype=torch.long)
     line_rewards = torch.zeros(B, L)
+    ids: dict[str, dict[str, int]] = {"state": {}, "state_values": {}, "code": {}}
+    numbered = {k: torch.full((B, L), -1, dtype=torch.long) for k in ids}
     for i, tr in enumerate(trajectories):
         n = len(tr.token_ids)
         if len(tr.loss_mask) != n or len(tr.logprobs) != n:
@@ -289,6 +368,10 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
                 raise ValueError(f"trajectory {i} line {k}: token_span {line.token_span} outside [0, {n}]")
             line_index[i, start:end] = k
             line_rewards[i, k] = sum(line.rewards.values())
+            for key, table in ids.items():
+                value = getattr(line, key)
+                if value or key == "code":
+                    numbered[key][i, k] = table.setdefault(value, len(table))
     line_index = line_index.masked_fill(loss_mask == 0, -1)                # [B, T]
     return {
         "input_ids": input_ids,
@@ -301,4 +384,7 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
         "outcome": torch.tensor([float(sum(tr.outcome_rewards.values())) for tr in trajectories]),
         "group": torch.tensor([tr.group for tr in trajectories], dtype=torch.long),
         "correct": torch.tensor([bool(tr.correct) for tr in trajectories], dtype=torch.bool),
+        "line_state": numbered["state"],
+        "line_state_values": numbered["state_values"],
+        "line_code": numbered["code"],
     }

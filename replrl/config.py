@@ -94,6 +94,10 @@ class RolloutConfig:
     """Interpreter output longer than this many tokens is cut, with a visible marker."""
     max_repeats: int = 3
     """The same line this many times in a row ends the episode (end reason repeat)."""
+    state_digest: bool = True
+    """After every executed statement the kernel hashes the user's variables (about 0.05 ms in the kernel; hashes
+    only, no value leaves it); each line records the state it started from, which the state advantage estimator
+    needs, and every step logs how often a line's start state repeats in its group (state/repeat_frac)."""
     wall_s: float = 5.0
     """Seconds one line may run in the kernel before it is interrupted (a timeout)."""
     isolation: str = "auto"
@@ -175,11 +179,18 @@ class AdvantageConfig:
     """Discount of later lines' rewards in the line estimator's return-to-go."""
     line_weight: float = 0.5
     """Line estimator: weight of the per-line part (1 - line_weight goes to the outcome advantage)."""
+    state_key: str = "values"
+    """State estimator: which digest makes two states equal: values (the multiset of the variables' values, names
+    ignored: `a = 4175` and `total = 4175` match) or named (names and values)."""
+    state_weight: float = 0.5
+    """State estimator: weight of the step-group part on a line whose state other episodes reached too (1 -
+    state_weight goes to the outcome advantage; 1: the step-group part alone)."""
 
     def __post_init__(self) -> None:
         check_choice("advantages.scale", self.scale, ("std", "none"))
-        if not 0 <= self.gamma <= 1 or not 0 <= self.line_weight <= 1:
-            raise ConfigError("advantages.gamma and advantages.line_weight must be in [0, 1]")
+        check_choice("advantages.state_key", self.state_key, ("values", "named"))
+        if not 0 <= self.gamma <= 1 or not 0 <= self.line_weight <= 1 or not 0 <= self.state_weight <= 1:
+            raise ConfigError("advantages.gamma, advantages.line_weight and advantages.state_weight must be in [0, 1]")
 
 
 @dataclass
@@ -299,6 +310,10 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        if self.advantages.estimator == "state" and not self.rollout.state_digest:
+            raise ConfigError("advantages.estimator = state needs rollout.state_digest = true")
 
     @staticmethod
     def implied_defaults(values: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -11,11 +11,12 @@ the single authority on what is printed.
 from __future__ import annotations
 
 import codeop
+import hashlib
 import sys
 import warnings
 from dataclasses import dataclass, field
 
-from sandbox import ExecResult, Kernel, ToolCall
+from sandbox import ExecResult, Kernel, StateDigest, ToolCall, empty_state
 
 PS1 = ">>> "
 PS2 = "... "
@@ -60,10 +61,39 @@ class ReplSession:
     banner: str = BANNER
     buffer: list[str] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
+    digest: bool = False
+    """Ask the kernel for a digest of the namespace after every executed statement (see ``start_state``)."""
 
     def __post_init__(self) -> None:
         self._compiler = codeop.CommandCompiler()
         self.transcript = self.banner + PS1
+        self.state: StateDigest | None = empty_state(self.kernel.tools) if self.digest else None
+        """The namespace digest after the last executed statement (a fresh kernel's before the first); None when
+        digests are off or the kernel did not send one (it crashed)."""
+
+    def start_state(self) -> tuple[str, str]:
+        """(named, values): the state the next line is typed in, as two hashes: the namespace digest (with names,
+        or values only) and the block being buffered, if any (the same line means something else inside a block).
+        ("", "") when the state is unknown."""
+        if self.state is None:
+            return "", ""
+        if not self.buffer:
+            return self.state.named, self.state.values
+        pending = "\n".join(self.buffer).encode("utf-8", "surrogatepass")
+        named, values = (hashlib.blake2b(d.encode() + b"\0" + pending, digest_size=8).hexdigest()
+                         for d in (self.state.named, self.state.values))
+        return named, values
+
+    async def refresh_state(self) -> None:
+        """Ask the kernel for the digest of its namespace now (after code run outside the session, e.g. a task's
+        setup): the next line's start state."""
+        self.state = (await self.kernel.execute("", mode="exec", digest=True)).state
+
+    def _track(self, result: ExecResult) -> None:
+        if result.restarted:
+            self._compiler = codeop.CommandCompiler()
+        if self.digest:  # a replaced kernel starts empty; a kernel that sent no digest leaves the state unknown
+            self.state = result.state or (empty_state(self.kernel.tools) if result.restarted else None)
 
     @property
     def prompt(self) -> str:
@@ -83,15 +113,14 @@ class ReplSession:
         elif _blank(source):  # nothing to run: CPython compiles it to `pass`
             self.buffer.clear()
         else:
-            result = await self.kernel.execute(source, mode="single")
+            result = await self.kernel.execute(source, mode="single", digest=self.digest)
             if result.incomplete:  # the kernel is the authority; keep buffering
                 result = None
             else:
                 self.buffer.clear()
                 output = render_output(result)
                 self.tool_calls.extend(result.tool_calls)
-                if result.restarted:
-                    self._compiler = codeop.CommandCompiler()
+                self._track(result)
         step = ReplStep(line=line, prompt=prompt, output=output, next_prompt=self.prompt, result=result)
         self.transcript += line + "\n" + step.env_text
         return step
@@ -109,10 +138,9 @@ class ReplSession:
         if _blank(source):
             step = ReplStep(line="", prompt=prompt, output="", next_prompt=self.prompt)
         else:
-            result = await self.kernel.execute(source, mode="eof")
+            result = await self.kernel.execute(source, mode="eof", digest=self.digest)
             self.tool_calls.extend(result.tool_calls)
-            if result.restarted:
-                self._compiler = codeop.CommandCompiler()
+            self._track(result)
             step = ReplStep(line="", prompt=prompt, output=render_output(result), next_prompt=self.prompt,
                             result=result)
         self.transcript += step.output

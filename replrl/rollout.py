@@ -21,6 +21,7 @@ from .answers import checkable
 from .backends.base import Generator, GenSession
 from .repl import BANNER, PS1, TRUNCATED_MARKER, ReplSession, ReplStep
 from .rewards import SYNTAX_ERRORS, RewardModel
+from .states import state_stats
 from .tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from .types import Line, LineSample, SamplingParams, Trajectory
 
@@ -33,10 +34,13 @@ class EpisodeRules:
 
     max_output_tokens: int
     max_repeats: int
+    state_digest: bool
+    """Record the interpreter state each line starts from (``Line.state``, ``Line.state_values``)."""
 
     @classmethod
     def from_config(cls, rollout_cfg: Any) -> EpisodeRules:
-        return cls(max_output_tokens=rollout_cfg.max_output_tokens, max_repeats=rollout_cfg.max_repeats)
+        return cls(max_output_tokens=rollout_cfg.max_output_tokens, max_repeats=rollout_cfg.max_repeats,
+                   state_digest=rollout_cfg.state_digest)
 
 
 @dataclass
@@ -107,7 +111,9 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
     try:
         async with pool.acquire() as kernel:  # the pool defines the task's tools (KernelPool(tools=task.tools))
             traj.timing["setup_s"] = await run_setup(kernel, task, row)
-            session = ReplSession(kernel, banner="")
+            session = ReplSession(kernel, banner="", digest=rules.state_digest)
+            if rules.state_digest and traj.timing["setup_s"]:  # the setup's data is part of the first line's state
+                await session.refresh_state()
             while True:
                 t0 = time.perf_counter()
                 sample = await gen.next_line(i, env_ids)
@@ -116,10 +122,11 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                 _append(traj, sample)
                 text = tokenizer.decode(sample.token_ids)
                 span = (start, len(traj.token_ids))
+                state, state_values = session.start_state()
                 if sample.finish == "length":  # cut by the token limit: it never runs
                     # recorded even when empty, so every sampled token belongs to exactly one line
                     traj.lines.append(Line(code=code_of(text), status="incomplete", token_span=span,
-                                           prompt=session.prompt))
+                                           prompt=session.prompt, state=state, state_values=state_values))
                     traj.end_reason = "overlong_line"
                     break
                 at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
@@ -131,7 +138,8 @@ async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool,
                 exec_s += time.perf_counter() - t0
                 result = step.result
                 line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
-                            error_name=result.error_name if result else None)
+                            error_name=result.error_name if result else None, state=state, state_values=state_values,
+                            digest_ms=result.state.ms if result is not None and result.state is not None else 0.0)
                 line.rewards = rewards.score_line(line, traj)
                 repeats = repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
                 traj.lines.append(line)
@@ -307,6 +315,7 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
     for t in trajs:
         reasons[t.end_reason] = reasons.get(t.end_reason, 0) + 1
     out.update({f"end/{k}": v / n for k, v in sorted(reasons.items())})
+    out.update(state_stats(trajs))
     if stats is not None:
         out.update({
             "wall_s": stats.wall_s, "generation_s": stats.generation_s, "execution_s": stats.execution_s,

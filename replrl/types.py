@@ -71,6 +71,14 @@ class Line:
     """[start, end) of this line's model-sampled tokens in Trajectory.token_ids."""
     prompt: str = ">>> "
     """The prompt shown before this line (">>> " or "... ")."""
+    state: str = ""
+    """The interpreter state this line was typed in: a hash of the user's variables (names and values) and of the
+    block being buffered ("" when unknown: digests off, or the kernel crashed). Lines of a group with equal states
+    are compared by the ``state`` advantage estimator."""
+    state_values: str = ""
+    """The same state without variable names (the multiset of values): ``a = 4175`` and ``total = 4175`` match."""
+    digest_ms: float = 0.0
+    """Milliseconds the kernel spent digesting the state after this line ran (0 when nothing ran)."""
 
 
 @dataclass

@@ -13,19 +13,21 @@ from .errors import KernelStartError, SandboxUnavailable
 
 _MODULE_OF = {
     "Kernel": "kernel", "KernelPool": "pool", "Limits": "limits", "ExecResult": "result", "ToolCall": "result",
+    "StateDigest": "result", "empty_state": "state",
     "SyncKernel": "sync", "SyncKernelPool": "sync", "run_sync": "sync",
 }
 
 __all__ = [
-    "ExecResult", "Kernel", "KernelPool", "KernelStartError", "Limits", "SandboxUnavailable", "SyncKernel",
-    "SyncKernelPool", "ToolCall", "run_sync",
+    "ExecResult", "Kernel", "KernelPool", "KernelStartError", "Limits", "SandboxUnavailable", "StateDigest",
+    "SyncKernel", "SyncKernelPool", "ToolCall", "empty_state", "run_sync",
 ]
 
 if TYPE_CHECKING:
     from .kernel import Kernel
     from .limits import Limits
     from .pool import KernelPool
-    from .result import ExecResult, ToolCall
+    from .result import ExecResult, StateDigest, ToolCall
+    from .state import empty_state
     from .sync import SyncKernel, SyncKernelPool, run_sync
 
 

@@ -10,7 +10,8 @@ carries one extra key, ``replrl``, with everything the host needs: the captured 
 interleaved in order, capped here, inside the kernel), the exception name, whether the source was incomplete,
 and the calls made to injected tools. Options ride in ``user_expressions``:
 
-    {"op": "run", "mode": "single" | "exec" | "eof"}   run ``code`` (eof: what is pending at end of input)
+    {"op": "run", "mode": "single" | "exec" | "eof",   run ``code`` (eof: what is pending at end of input);
+     "digest": bool}                                   digest: a hash of the namespace after it (_kernel_digest.py)
     {"op": "tools", "names": [...]}                    define recording tool functions in the namespace
     {"op": "reap"}                                     kill stray processes the code left behind
 
@@ -61,6 +62,10 @@ import threading  # noqa: E402
 
 from ipykernel.kernelapp import IPKernelApp  # noqa: E402
 from ipykernel.kernelbase import Kernel  # noqa: E402
+
+_DIGEST = {"__name__": "_kernel_digest"}
+exec(compile(globals().get("_DIGEST_SOURCE", ""), "_kernel_digest.py", "exec"), _DIGEST)  # set by sandbox.launch
+_state_digest = _DIGEST.get("state_digest")
 
 _RLIMITS = {
     "as": resource.RLIMIT_AS,
@@ -263,6 +268,8 @@ class ReplKernel(Kernel):
         self.capture = _Capture(_CFG.get("max_output", 64_000))
         self.namespace = {"__name__": "__main__", "__doc__": None, "__builtins__": builtins}
         self.interp = _Interpreter(self.namespace)
+        self.tool_names = frozenset()
+        """Names of the injected tools: not part of the state digest."""
         self.calls = None
         """The calls of the line running now (None between lines); see ``_make_tool``."""
         self._calls_lock = threading.Lock()
@@ -292,10 +299,17 @@ class ReplKernel(Kernel):
         if op == "tools":
             for name in opts.get("names", []):
                 self.namespace[name] = self._make_tool(name)
+            self.tool_names = self.tool_names | frozenset(opts.get("names", []))
             return self._reply(ok=True)
         if op == "reap":  # only sent when this kernel owns its uid or pid namespace
             return self._reply(killed=_reap_strays(self.pid) if _CFG.get("may_reap") else 0)
-        return self._reply(**self._run(code, opts.get("mode", "single")))
+        reply = self._run(code, opts.get("mode", "single"))
+        if opts.get("digest") and _state_digest is not None:
+            try:
+                reply["state"] = _state_digest(self.namespace, self.tool_names)
+            except BaseException:  # a KeyboardInterrupt that arrives late, a MemoryError: no digest, never a failure
+                reply["state"] = None
+        return self._reply(**reply)
 
     def _set_recursion_headroom(self):
         """Give user code the recursion headroom of a plain interpreter (limit 1000 with its <stdin> frame at

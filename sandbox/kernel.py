@@ -32,7 +32,7 @@ from .errors import KernelStartError
 from .kernel_dirs import make_kernel_dir, remove_kernel_dir
 from .launch import kill_uid, launch_spec, release_uid
 from .limits import Limits
-from .result import ExecResult, ToolCall
+from .result import ExecResult, StateDigest, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -241,10 +241,12 @@ class Kernel:
     async def _replace(self) -> None:
         self._proc = await self._spawn()
 
-    async def execute(self, code: str, *, mode: str = "exec", timeout: float | None = None) -> ExecResult:
+    async def execute(self, code: str, *, mode: str = "exec", timeout: float | None = None,
+                      digest: bool = False) -> ExecResult:
         """Run ``code`` and return what happened. ``mode="single"`` is the interactive REPL mode (expression
         values are echoed with repr, an unfinished compound statement returns ``incomplete=True``); ``"eof"`` is
-        the same at end of input, as `python -i` ends: an unfinished statement is compiled as it stands."""
+        the same at end of input, as `python -i` ends: an unfinished statement is compiled as it stands.
+        ``digest=True``: the result's ``state`` is a digest of the namespace afterwards (hashes only)."""
         t0 = time.perf_counter()
         try:
             proc = await self._ready()
@@ -252,7 +254,7 @@ class Kernel:
             return ExecResult("crashed", output="", error_name=type(err).__name__, restarted=True,
                               duration_s=time.perf_counter() - t0)
         wall = self.limits.wall_s if timeout is None else timeout
-        fut = proc.send("execute_request", _exec_content(code, op="run", mode=mode))
+        fut = proc.send("execute_request", _exec_content(code, op="run", mode=mode, digest=digest))
         reply = await proc.wait(fut, wall)
         status = "ok"
         if reply is None and proc.alive:  # ran past the wall limit: interrupt, then give it a moment
@@ -313,6 +315,18 @@ def _result(reply: dict, status: str, duration: float) -> ExecResult:
             raise TypeError("malformed reply")
         return ExecResult(status, output=data["output"], error_name=error if isinstance(error, str) else None,
                           duration_s=duration, truncated=bool(data["truncated"]), incomplete=bool(data["incomplete"]),
-                          tool_calls=calls)
+                          tool_calls=calls, state=_state(data.get("state")))
     except (AttributeError, KeyError, TypeError, ValueError):
         return ExecResult("crashed", duration_s=duration, error_name="MalformedReply")
+
+
+def _state(data: Any) -> StateDigest | None:
+    """The digest in a reply, if it has the shape the kernel makes (user code could forge it: nothing else is read)."""
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and len(data[k]) <= 64
+                                             for k in ("named", "values")):
+        return None
+    number = (int, float)
+    return StateDigest(data["named"], data["values"],
+                       ms=float(data["ms"]) if isinstance(data.get("ms"), number) else 0.0,
+                       marked=int(data["marked"]) if isinstance(data.get("marked"), int) else 0,
+                       names=int(data["names"]) if isinstance(data.get("names"), int) else 0)

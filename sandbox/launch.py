@@ -17,7 +17,9 @@ from pathlib import Path
 
 from .limits import Limits, is_root
 
-KERNEL_SOURCE = (Path(__file__).with_name("_kernel_side.py")).read_text()
+KERNEL_SOURCE = (f"_DIGEST_SOURCE = {Path(__file__).with_name('_kernel_digest.py').read_text()!r}\n"
+                 + Path(__file__).with_name("_kernel_side.py").read_text())
+"""The kernel program: _kernel_side.py, with the state digest's source (_kernel_digest.py) handed to it as a string."""
 
 # The bwrap level's filesystem view is an allowlist: an empty root, then these read-only, then the interpreter's own
 # directories, the kernel's working directory (writable) and Limits.ro_paths. Nothing else of the host is there: no

@@ -20,6 +20,23 @@ class ToolCall:
 
 
 @dataclass
+class StateDigest:
+    """A digest of the user's namespace after an execution (``Kernel.execute(..., digest=True)``), computed inside
+    the kernel; only hashes leave it. See ``sandbox/_kernel_digest.py`` for what counts as state."""
+
+    named: str
+    """Hash of the user's variables, names and values (16 hex characters)."""
+    values: str
+    """Hash of the multiset of values alone: ``a = 4175`` and ``total = 4175`` give the same one."""
+    ms: float = 0.0
+    """Milliseconds the kernel spent computing both."""
+    marked: int = 0
+    """Values digested as a marker (their type name): too large, or not plain data (objects of user classes, ...)."""
+    names: int = 0
+    """Variables counted as state."""
+
+
+@dataclass
 class ExecResult:
     """The outcome of one ``Kernel.execute`` call.
 
@@ -41,6 +58,8 @@ class ExecResult:
     restarted: bool = False
     """The kernel was replaced during this call: variables from earlier executions are gone."""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    state: StateDigest | None = None
+    """The namespace digest after the execution, when it was asked for and the kernel answered."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

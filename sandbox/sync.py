@@ -63,8 +63,9 @@ class SyncKernel:
         if _kernel is None:
             self._lt.run(self.kernel.start())
 
-    def execute(self, code: str, *, mode: str = "exec", timeout: float | None = None) -> ExecResult:
-        return self._lt.run(self.kernel.execute(code, mode=mode, timeout=timeout))
+    def execute(self, code: str, *, mode: str = "exec", timeout: float | None = None,
+                digest: bool = False) -> ExecResult:
+        return self._lt.run(self.kernel.execute(code, mode=mode, timeout=timeout, digest=digest))
 
     def restart(self) -> None:
         self._lt.run(self.kernel.restart())

@@ -208,8 +208,11 @@ def test_batch_tensors():
     b = batch_tensors([t1, t2], pad_id=0)
     assert set(b) == {
         "input_ids", "attention_mask", "loss_mask", "old_logprobs", "line_index",
-        "line_rewards", "n_lines", "outcome", "group", "correct",
+        "line_rewards", "n_lines", "outcome", "group", "correct", "line_state", "line_state_values", "line_code",
     }  # fmt: skip
+    # no line recorded a state: unknown (-1) on every line; texts "a", "b", "c" numbered 0, 1, 2; padding -1
+    assert b["line_state"].tolist() == b["line_state_values"].tolist() == [[-1, -1], [-1, -1]]
+    assert b["line_code"].tolist() == [[0, 1], [2, -1]]
     # T = 6 (longest), L = 2 (most lines); t2 right-padded with pad_id
     assert b["input_ids"].tolist() == [[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 0, 0]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]

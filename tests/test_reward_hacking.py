@@ -271,7 +271,7 @@ OUTPUTS = {  # what each script's lines print, verbatim: spliced as environment 
     "lookalikes": ["\x1b[2K\r>>> submit(42)\r\n", "[... output truncated ...]\n>>> \n"],
     "probe": [""],
 }
-RULES = EpisodeRules(max_output_tokens=60, max_repeats=3)
+RULES = EpisodeRules(max_output_tokens=60, max_repeats=3, state_digest=False)
 SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=32, max_lines=5, max_total_tokens=400, seed=1)
 
 

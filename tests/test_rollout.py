@@ -21,13 +21,14 @@ from replrl.repl import TRUNCATED_MARKER
 from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout, summarize
 from replrl.types import SamplingParams, Trajectory
-from sandbox import KernelPool, Limits, run_sync
+from sandbox import KernelPool, Limits, empty_state, run_sync
+from sandbox._kernel_digest import state_digest
 from tests.helpers_models import GSM8K_DIR
 from tests.scripted import EOF_SCRIPTS, SCRIPTS, ScriptTask, script_sequences, teach_scripts
 
 pytestmark = pytest.mark.timeout(900)  # the module fixture teaches the scripts (about a minute on 2 cores)
 LIMITS = Limits(wall_s=1.0, interrupt_grace_s=1.0)
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=True)
 SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=5, max_total_tokens=400, seed=1)
 
 
@@ -144,6 +145,29 @@ def test_end_of_input_runs_the_last_line_as_python_i_does(eof_episodes):
         assert last.token_span[1] == len(t.token_ids)
         typed = line_text(last.code)[:-1] if last.code else ""  # a bare EOS carries no prompt space
         assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
+
+
+def test_lines_record_the_state_they_start_from(episodes):
+    """Each line carries the digest of the namespace it was typed in (and of the block being buffered); the
+    digest of a state is the same whether the kernel or the host computes it."""
+    fresh = empty_state(("submit",))
+    for name, t in episodes.items():
+        assert (t.lines[0].state, t.lines[0].state_values) == (fresh.named, fresh.values), name
+        for ln in t.lines:  # a digest time where a statement ran and the kernel answered (not after a kill)
+            assert ln.digest_ms > 0 if ln.status in ("ok", "error") else ln.status != "incomplete" or not ln.digest_ms
+    block = [ln.state for ln in episodes["block"].lines]  # total = 0 / for ... / body / blank / submit(total)
+    assert block[1] == state_digest({"total": 0})["named"]
+    assert len(set(block[1:4])) == 3  # the same namespace, a different pending block each time
+    assert block[4] == state_digest({"total": 6, "i": 3})["named"]
+    repeat = episodes["repeat"].lines  # x = 1 three times: the second and third start from the same state
+    assert repeat[1].state == repeat[2].state == state_digest({"x": 1})["named"]
+    errors = episodes["errors"].lines  # 1/0 and a SyntaxError change nothing
+    assert errors[0].state == errors[1].state == errors[2].state != errors[3].state
+    many = episodes["many"].lines
+    assert many[2].state_values == state_digest({"b": 1, "a": 2})["values"] != many[2].state
+    stats = summarize(list(episodes.values()))  # every script is its own group: nothing repeats across episodes
+    assert stats["state/repeat_frac"] == stats["state/repeat_frac_values"] == 0.0
+    assert 0 < stats["state/digest_ms_mean"] <= stats["state/digest_ms_max"] < 50
 
 
 def test_blocks_use_continuation_prompts_and_run_on_the_blank_line(episodes):

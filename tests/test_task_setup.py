@@ -9,6 +9,7 @@ and a setup that fails stops the rollout with a one-line TaskError naming the ro
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,10 +23,11 @@ from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, build_prompt, encode, line_text, rollout
 from replrl.tasks.base import Task, TaskError, TaskWithSetup, setup_source
 from replrl.types import SamplingParams
-from sandbox import KernelPool, Limits, run_sync
+from sandbox import KernelPool, Limits, empty_state, run_sync
+from sandbox._kernel_digest import state_digest
 
 LINE = "submit(sum(stock.values()))"
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=True)
 SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=24, max_lines=2, max_total_tokens=300, seed=0)
 
 
@@ -108,6 +110,8 @@ def test_setup_runs_before_the_first_line_outside_the_transcript(taught):
         assert str(row["stock"]) not in t.text
         assert t.timing["setup_s"] >= 0.3  # logged ...
         assert t.timing["execution_s"] < 0.3  # ... and not counted as the model's line time
+        # the first line starts from the state the setup left (its data and its import), not an empty namespace
+        assert t.lines[0].state == state_digest({"stock": row["stock"], "time": time})["named"] != empty_state().named
     assert stats.extra["setup_s"] == pytest.approx(sum(t.timing["setup_s"] for t in trajs))
 
 

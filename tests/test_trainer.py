@@ -56,6 +56,18 @@ def test_two_steps_change_the_weights_and_write_metrics_and_checkpoints(format_m
     assert (tmp_path / "run" / "config.toml").exists() and (tmp_path / "run" / "samples.jsonl").exists()
 
 
+def test_a_step_with_the_state_estimator_logs_how_often_states_repeat(format_model_dir, tmp_path):
+    cfg = toy_config(format_model_dir, max_steps=1, save_every=0)
+    cfg.advantages.estimator, cfg.advantages.state_weight = "state", 1.0
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    trainer.train()
+    row = read_metrics(tmp_path / "run")[0]
+    for key in ("state/repeat_frac", "state/repeat_frac_values", "state/step_groups", "state/step_groups_values",
+                "state/digest_ms_mean", "state/slow_digest_frac"):
+        assert key in row, key
+    assert 0 <= row["state/repeat_frac_values"] <= 1 and row["state/digest_ms_mean"] > 0
+
+
 def test_resume_continues_at_the_next_step(format_model_dir, tmp_path):
     run = tmp_path / "run"
     Trainer(toy_config(format_model_dir), run, progress=False).train()
