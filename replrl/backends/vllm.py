@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -54,9 +55,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from replrl.backends.vllm_check import check_vllm  # noqa: E402
+from replrl.backends.vllm_check import check_vllm, untested  # noqa: E402
 
-check_vllm()  # one line naming what to do when this vLLM cannot start here, before importing it
+_INSTALL = check_vllm()  # one line naming what to do when this vLLM cannot start here, before importing it
+if (_UNTESTED := untested(_INSTALL)) is not None:
+    logging.getLogger(__name__).warning("%s: it may work; the tested range is pinned in pyproject's vllm extra",
+                                        _UNTESTED)
 
 try:
     import vllm
@@ -219,11 +223,19 @@ def hf_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) of a transformers model's weights, as its ``save_pretrained`` would name them.
 
     A peft model yields its base model's weights with the adapters merged in: call it inside ``merged(model)``.
+    A tensor shared under two names (tied input and output embeddings) is yielded once, under its first name: the
+    engine's model ties them too, and a 0.5B model's embeddings are a quarter of its weights.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    seen: set[tuple[int, torch.Size, torch.dtype]] = set()
     for name, tensor in base.state_dict().items():
-        if "lora_" not in name:  # adapter weights: already merged into the base layers
-            yield name.replace(".base_layer.", "."), tensor
+        if "lora_" in name:  # adapter weights: already merged into the base layers
+            continue
+        key = (tensor.data_ptr(), tensor.shape, tensor.dtype)
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        yield name.replace(".base_layer.", "."), tensor
 
 
 class merged:  # noqa: N801  (a context manager named for what it does)
