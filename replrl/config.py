@@ -35,8 +35,7 @@ class ModelConfig:
     imports, else hf)."""
     sync_timeout_s: float = 300.0
     """vllm: seconds one weight sync into the engine may take (after every optimizer step); a sync that takes
-    longer stops the run with a one-line error instead of hanging. A sync takes about 0.2 s for SmolLM2-135M and
-    1-2 s for a 0.5B model on a CPU (docs/gpu.md)."""
+    longer stops the run with a one-line error instead of hanging (docs/gpu.md has the measured sync times)."""
     gpu_memory_utilization: float = 0.3
     """vllm on a GPU: the share of the GPU's memory the engine takes for its weights and KV cache; the trainer's
     model, optimizer state and activations need the rest (docs/gpu.md)."""
