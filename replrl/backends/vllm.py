@@ -223,18 +223,12 @@ def hf_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) of a transformers model's weights, as its ``save_pretrained`` would name them.
 
     A peft model yields its base model's weights with the adapters merged in: call it inside ``merged(model)``.
-    A tensor shared under two names (tied input and output embeddings) is yielded once, under its first name: the
-    engine's model ties them too, and a 0.5B model's embeddings are a quarter of its weights.
+    A tensor shared under two names (tied input and output embeddings) is sent under both names, as before.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    seen: set[tuple[int, torch.Size, torch.dtype]] = set()
     for name, tensor in base.state_dict().items():
         if "lora_" in name:  # adapter weights: already merged into the base layers
             continue
-        key = (tensor.data_ptr(), tensor.shape, tensor.dtype)
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
         yield name.replace(".base_layer.", "."), tensor
 
 
@@ -562,7 +556,8 @@ class VLLMGenerator:
                 method, args = "replrl_load_shared", (self._shared.path, self._shared.nbytes, self._shared.table)
             else:
                 method, args = "replrl_load_weights", pack_weights(named)
-        self._bounded(self.engine.collective_rpc(method, timeout=self.sync_timeout_s, args=args), deadline)
+        # the bound is ours, not vLLM's: a collective_rpc timeout inside the engine kills the engine core
+        self._bounded(self.engine.collective_rpc(method, args=args), deadline)
         if not self._bounded(self.engine.reset_prefix_cache(), deadline):
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
         self.last_sync_s = time.perf_counter() - t0
