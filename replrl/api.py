@@ -109,7 +109,9 @@ def _policy(model: ModelSource, cfg: Config | None) -> tuple[Any, Any, Config]:
     if saved.exists():
         cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
     policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    return load_generator(cfg.model.backend, policy, tokenizer), task_from_config(cfg), cfg
+    generator = load_generator(cfg.model.backend, policy, tokenizer, sync_timeout_s=cfg.model.sync_timeout_s,
+                               gpu_memory_utilization=cfg.model.gpu_memory_utilization)
+    return generator, task_from_config(cfg), cfg
 
 
 @contextlib.contextmanager

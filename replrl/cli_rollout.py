@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
     cfg.model.name = model_spec_and_config(cfg.model.name, cfg)
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    generator = load_generator(cfg.model.backend, model, tokenizer)
+    generator = load_generator(cfg.model.backend, model, tokenizer, sync_timeout_s=cfg.model.sync_timeout_s,
+                               gpu_memory_utilization=cfg.model.gpu_memory_utilization)
     rules = EpisodeRules.from_config(cfg.rollout)
     bar = tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr)
 

@@ -33,12 +33,22 @@ class ModelConfig:
     """Generation backend: hf (transformers, samples from the training module itself), vllm (vLLM's engine beside
     it, weights copied in after every optimizer step; needs the vllm extra, see docs/gpu.md) or auto (vllm when it
     imports, else hf)."""
+    sync_timeout_s: float = 300.0
+    """vllm: seconds one weight sync into the engine may take (after every optimizer step); a sync that takes
+    longer stops the run with a one-line error instead of hanging (docs/gpu.md has the measured sync times)."""
+    gpu_memory_utilization: float = 0.3
+    """vllm on a GPU: the share of the GPU's memory the engine takes for its weights and KV cache; the trainer's
+    model, optimizer state and activations need the rest (docs/gpu.md)."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         check_choice("model.backend", self.backend, ("hf", "vllm", "auto"))
         if self.lora_rank < 0:
             raise ConfigError("model.lora_rank must be >= 0")
+        if not self.sync_timeout_s > 0:
+            raise ConfigError("model.sync_timeout_s must be > 0")
+        if not 0 < self.gpu_memory_utilization < 1:
+            raise ConfigError("model.gpu_memory_utilization must be between 0 and 1")
 
 
 @dataclass

@@ -184,7 +184,8 @@ class Trainer:
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
         self.generator = load_generator(cfg.model.backend, self.accelerator.unwrap_model(self.model), self.tokenizer,
-                                        device=self.accelerator.device)
+                                        device=self.accelerator.device, sync_timeout_s=cfg.model.sync_timeout_s,
+                                        gpu_memory_utilization=cfg.model.gpu_memory_utilization)
         self.rewards = RewardModel.from_config(cfg.rewards)
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.pad_id = self.generator.pad_id
@@ -425,7 +426,9 @@ class Trainer:
             update_stats["rank_weight_drift"] = max(sums) - min(sums)  # 0: every rank holds the same weights
         metrics.update(update_stats)
         # 5b. publish the new weights to the sampler (vLLM: copied in memory, prefix cache dropped; HF: nothing)
+        t_sync = time.perf_counter()
         self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
+        metrics["time/sync_weights_s"] = time.perf_counter() - t_sync
         self.scheduler.step()
         self.step += 1
         # 6. log (evaluation and checkpoints are decided in train())

