@@ -28,7 +28,7 @@ from sandbox import run_sync
 from tests.scripted import ScriptTask, script_sequences, teach_scripts
 
 pytestmark = pytest.mark.timeout(600)
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)
 SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=8, max_total_tokens=400, seed=1)
 
 TREE_SCRIPTS: dict[str, list[Any]] = {
@@ -236,10 +236,14 @@ def dice_model(pool):
 def dice_tree(dice_model, pool, task: DiceTask) -> tuple[list[Trajectory], dict[str, float]]:
     model, tokenizer = dice_model
     sampling = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=6, max_total_tokens=300, seed=1)
+    rules = EpisodeRules(40, 3, state_digest=True)
     trajs, stats = run_sync(rollout(HFGenerator(model, tokenizer), pool.pool, task, list(enumerate(task.rows("x"))),
-                                    RewardModel(RewardConfig().weights), sampling, EpisodeRules(40, 3),
-                                    chat_template=False, tree=TreeShape(roots=1, branch_at=(2,), width=2)))
-    assert len(trajs) == 2 and all([ln.code for ln in t.lines] == DICE["dice"] for t in trajs)
+                                    RewardModel(RewardConfig().weights), sampling, rules, chat_template=False,
+                                    tree=TreeShape(roots=1, branch_at=(2,), width=2)))
+    # both leaves share the first two lines and the branch point after them (what follows the printed random number
+    # is the tiny model's guess: its teaching transcript printed another number)
+    assert len(trajs) == 2 and all([ln.code for ln in t.lines[:2]] == DICE["dice"][:2] for t in trajs)
+    assert all(t.tree_nodes == [0] and t.tree_cuts == [2] and len(t.lines) > 2 for t in trajs)
     return trajs, summarize(trajs, stats)
 
 
@@ -257,5 +261,7 @@ def test_the_task_setup_runs_again_before_a_replay(dice_model, pool):
     number as its parent's: no divergence. Without the setup in the copy's kernel it would print another."""
     trajs, metrics = dice_tree(dice_model, pool, SeededDiceTask(DICE))
     assert metrics["tree/replays"] == 1 and metrics["tree/replays_diverged"] == 0
-    assert not any(t.tree_diverged for t in trajs) and all(t.correct for t in trajs)
+    assert not any(t.tree_diverged for t in trajs)
     assert all(t.timing["setup_s"] > 0 for t in trajs)  # the copy's own setup, timed apart
+    # the first line after the branch starts from the same namespace digest in the parent and in its copy
+    assert trajs[0].lines[2].state == trajs[1].lines[2].state != ""
