@@ -74,6 +74,15 @@ def _group_norm(x: Tensor, present: Tensor, group: Tensor, scale: Scale, eps: fl
     """
     if scale not in ("std", "none"):
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    dev, std = _group_dev_std(x, present, group)                           # [B, L], [B, L]
+    if scale == "none":
+        return dev                                                         # [B, L]
+    return dev / (std + eps) * present.float()                             # [B, L]
+
+
+def _group_dev_std(x: Tensor, present: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
+    """Each column of x [B, L] minus its group mean over the present rows, and the group's population std -> [B, L]
+    twice (``_group_norm`` divides one by the other; the ``tree`` estimator reuses both, bit for bit)."""
     x = x.float()                                                          # [B, L]
     present = present.float()                                              # [B, L]
     same = (group[:, None] == group[None, :]).float()                      # [B, B]
@@ -81,10 +90,8 @@ def _group_norm(x: Tensor, present: Tensor, group: Tensor, scale: Scale, eps: fl
     count = peers.sum(1).clamp(min=1)                                      # [B, L]
     diff = x[:, None, :] - x[None, :, :]                                   # [B, B', L]
     dev = (peers * diff).sum(1) / count * present                          # [B, L]  x - group mean
-    if scale == "none":
-        return dev                                                         # [B, L]
     std = ((peers * dev[None, :, :] ** 2).sum(1) / count).sqrt()           # [B, L]  unbiased=False
-    return dev / (std + eps) * present                                     # [B, L]
+    return dev, std
 
 
 def group_normalize(x: Tensor, group: Tensor, scale: Scale = "std", eps: float = 1e-6) -> Tensor:
@@ -294,6 +301,82 @@ def state_advantages(
     return torch.where(has_line, line_part, per_token(episode_adv, loss_mask).to(R.dtype))  # [B, T]
 
 
+def tree_advantages(
+    outcome: Tensor,
+    line_rewards: Tensor,
+    group: Tensor,
+    line_index: Tensor,
+    loss_mask: Tensor,
+    tree_from: Tensor,
+    tree_to: Tensor,
+    tree_credit: Tensor,
+    scale: Scale = "std",
+    tree_weight: float = 1.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Credit per tree segment: a line's tokens get V(node its segment leads to) - V(node it starts from) -> [B, T].
+
+    A tree group (``replrl.tree``) has one root (the prompt), branch nodes (an episode's state after k executed
+    statements, shared by its children) and leaves (the finished episodes). Line l of leaf i lies on the segment
+    from node ``tree_from[i, l]`` to node ``tree_to[i, l]`` (batch-wide ids; -1 is the root). With R_i the leaf's
+    total reward (outcome + line rewards, as ``outcome``) and m its group's mean:
+        V(root) = m,   V(leaf i) = R_i,   V(branch node) = mean of R over the credited leaves under it,
+        A_il = (V(tree_to[i, l]) - V(tree_from[i, l])) / (std of R in the group + eps)   (no division: scale="none")
+    So the segments of a leaf sum to its outcome advantage (R_i - m, scaled), split by where the outcome changed:
+    a segment that led from a state where most leaves failed to one where they succeed gets the credit.
+    A leaf whose path holds a replay that diverged (``tree_credit`` False) counts in no node's value and gets its
+    outcome advantage on every line, as in a flat group. The token advantage is ``tree_weight * A_il + (1 -
+    tree_weight) * A_i`` (A_i: the outcome advantage); sampled tokens in no line get A_i. Without branch points every
+    line leads from the root to its leaf: exactly the ``outcome`` estimator.
+    """
+    total = outcome.float() + line_rewards.float().sum(-1)                 # [B]  R_i
+    ones = torch.ones_like(total, dtype=torch.bool)[:, None]               # [B, 1]
+    dev, std = (t[:, 0] for t in _group_dev_std(total[:, None], ones, group))  # [B], [B]  R_i - m, std
+    n_nodes = int(tree_to.max()) + 1 if tree_to.numel() else 0
+    on_line = tree_to >= 0                                                 # [B, L]
+    member = torch.zeros(n_nodes, len(total))                              # [N, B]  leaf i lies under node n
+    rows = torch.arange(len(total))[:, None].expand_as(tree_to)            # [B, L]
+    member[tree_to[on_line], rows[on_line]] = 1.0
+    credited = member * tree_credit.float()[None, :]                       # [N, B]
+    value = (credited @ dev) / credited.sum(1).clamp(min=1)                # [N]    V(n) - m
+    leaf = tree_to.gather(1, (on_line.long().sum(1, keepdim=True) - 1).clamp(min=0))[:, 0]  # [B] leaf's own id
+    has_leaf = on_line.any(1)                                              # [B]
+    value[leaf[has_leaf]] = dev[has_leaf]                                  # V(leaf) - m = R_i - m exactly
+    to_v = torch.where(on_line, value[tree_to.clamp(min=0)], 0.0)          # [B, L]
+    from_v = torch.where(tree_from >= 0, value[tree_from.clamp(min=0)], 0.0)  # [B, L]  root: 0 = m - m
+    seg = to_v - from_v                                                    # [B, L]
+    seg = torch.where(tree_credit[:, None], seg, dev[:, None])             # [B, L]  diverged: outcome
+    if scale == "std":
+        seg, dev = seg / (std[:, None] + eps), dev / (std + eps)           # [B, L], [B]
+    elif scale != "none":
+        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    outcome_part = per_token(dev, loss_mask)                               # [B, T]
+    line_part = seg.gather(1, line_index.clamp(min=0))                     # [B, T]
+    mixed = tree_weight * line_part + (1 - tree_weight) * outcome_part     # [B, T]
+    mixed = torch.where(line_part == outcome_part, outcome_part, mixed)    # one segment: exactly outcome
+    has_line = (line_index >= 0) & (loss_mask > 0)                         # [B, T]
+    return torch.where(has_line, mixed, outcome_part)                      # [B, T]
+
+
+def line_advantage_stats(adv: Tensor, batch: dict[str, Tensor]) -> dict[str, float]:
+    """How much the advantage varies between lines (any estimator): ``adv/line_std``, the std over every line of
+    the batch of its tokens' mean advantage, and ``adv/line_spread``, the mean over episodes of (largest - smallest)
+    line advantage within the episode (0 for one number per episode, as ``outcome`` gives)."""
+    line_index, loss_mask = batch["line_index"], batch["loss_mask"]
+    L = batch["line_rewards"].shape[1]
+    on = ((line_index >= 0) & (loss_mask > 0)).float()                     # [B, T]
+    sums = torch.zeros(len(adv), L).scatter_add_(1, line_index.clamp(min=0), adv.float() * on)  # [B, L]
+    counts = torch.zeros(len(adv), L).scatter_add_(1, line_index.clamp(min=0), on)              # [B, L]
+    real = counts > 0                                                      # [B, L]
+    if not real.any():
+        return {}
+    mean = sums / counts.clamp(min=1)                                      # [B, L]
+    values = mean[real]
+    spread = torch.where(real, mean, -torch.inf).amax(1) - torch.where(real, mean, torch.inf).amin(1)  # [B]
+    return {"adv/line_std": float(values.std(unbiased=False)),
+            "adv/line_spread": float(spread[real.any(1)].mean())}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Built-in estimators
 
@@ -326,6 +409,12 @@ def _state(batch: dict[str, Tensor], state_key: str = "values", state_weight: fl
     return state_advantages(states, *(batch[k] for k in keys), state_weight=state_weight, scale=scale)  # [B, T]
 
 
+@advantage_estimator("tree")
+def _tree(batch: dict[str, Tensor], scale: Scale = "std", tree_weight: float = 1.0) -> Tensor:
+    keys = ("outcome", "line_rewards", "group", "line_index", "loss_mask", "tree_from", "tree_to", "tree_credit")
+    return tree_advantages(*(batch[k] for k in keys), scale=scale, tree_weight=tree_weight)  # [B, T]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Trajectories -> padded tensors
 
@@ -340,6 +429,7 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
     and the line ids the state estimator compares: line_state / line_state_values [B, L] long (the start state of
     each line with / without names, numbered in order of appearance, -1 where unknown or no line) and line_code
     [B, L] long (the line's text, numbered likewise).
+    And the tree each episode belongs to (``tree_tensors``): tree_from, tree_to [B, L] long, tree_credit [B] bool.
     """
     if not trajectories:
         raise ValueError("batch_tensors needs at least one trajectory")
@@ -373,7 +463,11 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
                 if value or key == "code":
                     numbered[key][i, k] = table.setdefault(value, len(table))
     line_index = line_index.masked_fill(loss_mask == 0, -1)                # [B, T]
+    tree_from, tree_to = tree_tensors(trajectories, L)
     return {
+        "tree_from": tree_from,
+        "tree_to": tree_to,
+        "tree_credit": torch.tensor([not tr.tree_diverged for tr in trajectories], dtype=torch.bool),
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "loss_mask": loss_mask,
@@ -388,3 +482,24 @@ def batch_tensors(trajectories: Sequence[Trajectory], pad_id: int) -> dict[str, 
         "line_state_values": numbered["state_values"],
         "line_code": numbered["code"],
     }
+
+
+def tree_tensors(trajectories: Sequence[Trajectory], n_lines: int) -> tuple[Tensor, Tensor]:
+    """The tree segment of every line -> tree_from, tree_to [B, L] long: the batch-wide ids of the node the line's
+    segment starts from (-1: the root, the group's prompt) and of the node it leads to; -1 in both beyond an
+    episode's lines. Branch nodes (``Trajectory.tree_nodes``, unique per group) are numbered first, then one leaf per
+    episode. A flat episode's lines all lead from the root to its leaf."""
+    ids: dict[tuple[int, int], int] = {}
+    for tr in trajectories:
+        for node in tr.tree_nodes:
+            ids.setdefault((tr.group, node), len(ids))
+    B = len(trajectories)
+    tree_from = torch.full((B, n_lines), -1, dtype=torch.long)
+    tree_to = torch.full((B, n_lines), -1, dtype=torch.long)
+    for i, tr in enumerate(trajectories):
+        path = [-1] + [ids[(tr.group, n)] for n in tr.tree_nodes] + [len(ids) + i]      # root, branches, leaf
+        cuts = [0, *tr.tree_cuts, len(tr.lines)]
+        for k in range(len(path) - 1):
+            tree_from[i, cuts[k]:cuts[k + 1]] = path[k]
+            tree_to[i, cuts[k]:cuts[k + 1]] = path[k + 1]
+    return tree_from, tree_to

@@ -156,6 +156,29 @@ class RolloutConfig:
 
 
 @dataclass
+class TreeConfig:
+    branch_at: list[int] = field(default_factory=list)
+    """Tree rollouts (docs/tree-rollouts.md): after how many executed statements each episode branches, e.g.
+    [2, 4]. Empty (the default): flat groups of independent episodes."""
+    roots: int = 2
+    """Episodes started from the problem's prompt (the tree's first level)."""
+    width: int = 2
+    """Children of each branch point (the episode itself goes on as the first one; the others replay its lines in
+    a fresh kernel). A group has roots * width ** len(branch_at) leaves, which must equal rollout.group_size."""
+
+    def __post_init__(self) -> None:
+        check_positive("tree", self, "roots", "width")
+        if any(not isinstance(b, int) or b < 1 for b in self.branch_at) or list(self.branch_at) != sorted(
+                set(self.branch_at)):
+            raise ConfigError(f"tree.branch_at must be increasing line counts >= 1, e.g. [2, 4]; got {self.branch_at}")
+
+    @property
+    def leaves(self) -> int:
+        """Leaves per problem (when no episode ends before a branch point)."""
+        return self.roots * self.width ** len(self.branch_at)
+
+
+@dataclass
 class RewardConfig:
     weights: dict[str, Any] = field(default_factory=lambda: {
         "correct": 1.0, "wrong": 0.0, "no_submit": -0.2,
@@ -181,8 +204,10 @@ class AdvantageConfig:
     estimator: str = "line"
     """outcome (GRPO: the episode's reward, group-normalised, on every token), line (per-line credit: each line's
     reward-to-go, normalised per line index within the group, mixed with the outcome advantage; biased when
-    episodes differ in length) or line_rtg (unbiased per-line credit: each line's return-to-go, its own and later
-    line rewards plus the outcome, minus the mean return of the other episodes of its group)."""
+    episodes differ in length), line_rtg (unbiased per-line credit: each line's return-to-go, its own and later
+    line rewards plus the outcome, minus the mean return of the other episodes of its group) or tree (for tree
+    rollouts, see [tree]: a line's tokens get the value of the tree node its segment leads to minus that of the node
+    it starts from, a node's value being the mean reward of the leaves under it; equals outcome without branches)."""
     scale: str = "std"
     """std (GRPO: divide by the group's std) or none (Dr. GRPO; for line_rtg: the exactly unbiased choice)."""
     gamma: float = 1.0
@@ -195,12 +220,15 @@ class AdvantageConfig:
     state_weight: float = 0.5
     """State estimator: weight of the step-group part on a line whose state other episodes reached too (1 -
     state_weight goes to the outcome advantage; 1: the step-group part alone)."""
+    tree_weight: float = 1.0
+    """Tree estimator: weight of the segment part (1 - tree_weight goes to the episode's outcome advantage)."""
 
     def __post_init__(self) -> None:
         check_choice("advantages.scale", self.scale, ("std", "none"))
         check_choice("advantages.state_key", self.state_key, ("values", "named"))
-        if not 0 <= self.gamma <= 1 or not 0 <= self.line_weight <= 1 or not 0 <= self.state_weight <= 1:
-            raise ConfigError("advantages.gamma, advantages.line_weight and advantages.state_weight must be in [0, 1]")
+        if not all(0 <= w <= 1 for w in (self.gamma, self.line_weight, self.state_weight, self.tree_weight)):
+            raise ConfigError("advantages.gamma, advantages.line_weight, advantages.state_weight and "
+                              "advantages.tree_weight must be in [0, 1]")
 
 
 @dataclass
@@ -317,6 +345,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: RewardConfig = field(default_factory=RewardConfig)
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -324,6 +353,12 @@ class Config:
     def __post_init__(self) -> None:
         if self.advantages.estimator == "state" and not self.rollout.state_digest:
             raise ConfigError("advantages.estimator = state needs rollout.state_digest = true")
+        if self.tree.branch_at and self.rollout.dynamic_sampling:
+            raise ConfigError("tree rollouts and rollout.dynamic_sampling do not work together yet (a tree group may "
+                              "have fewer leaves than group_size); switch one off")
+        if self.tree.branch_at and self.tree.leaves != self.rollout.group_size:
+            raise ConfigError(f"tree: roots * width ** len(branch_at) = {self.tree.leaves} leaves per problem, but "
+                              f"rollout.group_size is {self.rollout.group_size}: make them equal")
 
     @staticmethod
     def implied_defaults(values: dict[str, Any]) -> dict[str, dict[str, Any]]:

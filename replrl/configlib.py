@@ -96,6 +96,15 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 pass
         if isinstance(value, dict):
             return dict(value)
+    elif origin is list:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        if isinstance(value, (list, tuple)):
+            (arg,) = typing.get_args(hint) or (Any,)
+            return [v if arg is Any else _coerce(key, v, arg) for v in value]
     elif origin is tuple:
         if isinstance(value, str):
             try:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import codeop
 import hashlib
 import sys
+import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sandbox import ExecResult, Kernel, StateDigest, ToolCall, empty_state
@@ -146,6 +148,11 @@ class ReplSession:
         self.transcript += step.output
         return step
 
+    async def replay(self, lines: Sequence[tuple[str, str]]) -> Replay:
+        """Rebuild a recorded session's state here: feed its ``(code, output)`` lines, compare the outputs
+        (see ``replay_lines``). Call it on a fresh session, before any other line."""
+        return await replay_lines(self, lines)
+
     def _needs_more(self, source: str) -> bool:
         try:
             with warnings.catch_warnings():  # the kernel shows compile warnings to the model; not the host's stderr
@@ -153,6 +160,36 @@ class ReplSession:
                 return self._compiler(source, "<stdin>", "single") is None
         except (OverflowError, SyntaxError, ValueError):
             return False  # let the kernel compile it and print the error
+
+
+@dataclass
+class Replay:
+    """What replaying recorded lines into a fresh session found (``ReplSession.replay``)."""
+
+    lines: int
+    """Lines fed (buffered block lines included)."""
+    diverged_at: int | None
+    """Index of the first line whose output differed from the recorded one; None when every output matched."""
+    duration_s: float
+    """Wall time of the replay (every line fed, outputs compared)."""
+
+    @property
+    def diverged(self) -> bool:
+        return self.diverged_at is not None
+
+
+async def replay_lines(session: ReplSession, lines: Sequence[tuple[str, str]]) -> Replay:
+    """Feed recorded ``(code, output)`` lines into ``session`` (a fresh kernel) and compare each output with the
+    recorded one: the state they rebuild is the recorded session's only if every output matches (``random``, time,
+    ``id()`` or a file appended to differ). Every line is fed even after a difference, so the session ends where the
+    recorded one did (same prompt, same buffer)."""
+    t0 = time.perf_counter()
+    diverged = None
+    for k, (code, output) in enumerate(lines):
+        step = await session.feed(code)
+        if diverged is None and step.output != output:
+            diverged = k
+    return Replay(lines=len(lines), diverged_at=diverged, duration_s=time.perf_counter() - t0)
 
 
 def render_output(result: ExecResult) -> str:

@@ -97,87 +97,129 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+@dataclass
+class Episode:
+    """An episode in progress: its trajectory so far and what the loop needs to go on (``play``). A tree rollout
+    pauses it at a branch point and continues it, or a copy of it, in another generation session."""
+
+    traj: Trajectory
+    session: ReplSession | None = None
+    """The REPL on the episode's kernel (set once a kernel is acquired)."""
+    env_ids: list[int] = field(default_factory=list)
+    """Environment tokens already in ``traj`` that the generation session has not been given yet."""
+    repeats: int = 0
+    submitted: list[Any] = field(default_factory=list)
+    executed: int = 0
+    """Statements executed so far (a block counts once, when its closing line runs it)."""
+    gen_s: float = 0.0
+    exec_s: float = 0.0
+
+    @classmethod
+    def start(cls, prompt_ids: list[int], task: Task, sampling: SamplingParams) -> Episode:
+        return cls(Trajectory(token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
+                              logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids), text="", task=task.name,
+                              sampling=asdict(sampling)))
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.traj.end_reason)
+
+
 async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool, task: Task, row: dict,
                       prompt_ids: list[int], rewards: RewardModel, sampling: SamplingParams,
                       rules: EpisodeRules) -> Trajectory:
     """One episode on row ``i`` of the generation session."""
-    traj = Trajectory(token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
-                      logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids), text="", task=task.name,
-                      sampling=asdict(sampling))
-    gen_s = exec_s = 0.0
-    env_ids: list[int] = []
-    repeats = 0
-    submitted: list[Any] = []
+    ep = Episode.start(prompt_ids, task, sampling)
     try:
         async with pool.acquire() as kernel:  # the pool defines the task's tools (KernelPool(tools=task.tools))
-            traj.timing["setup_s"] = await run_setup(kernel, task, row)
-            session = ReplSession(kernel, banner="", digest=rules.state_digest)
-            if rules.state_digest and traj.timing["setup_s"]:  # the setup's data is part of the first line's state
-                await session.refresh_state()
-            while True:
-                t0 = time.perf_counter()
-                sample = await gen.next_line(i, env_ids)
-                gen_s += time.perf_counter() - t0
-                start = len(traj.token_ids)
-                _append(traj, sample)
-                text = tokenizer.decode(sample.token_ids)
-                span = (start, len(traj.token_ids))
-                state, state_values = session.start_state()
-                if sample.finish == "length":  # cut by the token limit: it never runs
-                    # recorded even when empty, so every sampled token belongs to exactly one line
-                    traj.lines.append(Line(code=code_of(text), status="incomplete", token_span=span,
-                                           prompt=session.prompt, state=state, state_values=state_values))
-                    traj.end_reason = "overlong_line"
-                    break
-                at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
-                code = code_of(text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if at_eof else text[:-1])
-                t0 = time.perf_counter()
-                step = await session.feed(code)
-                if at_eof:
-                    step = _merge(step, await session.end_of_input())
-                exec_s += time.perf_counter() - t0
-                result = step.result
-                line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
-                            error_name=result.error_name if result else None, state=state, state_values=state_values,
-                            digest_ms=result.state.ms if result is not None and result.state is not None else 0.0)
-                line.rewards = rewards.score_line(line, traj)
-                repeats = repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
-                traj.lines.append(line)
-                # a submission is a call the kernel recorded (plain data, this line's own); printed text never is one
-                calls = [c for c in (result.tool_calls if result else []) if c.name == SUBMIT]
-                if calls:
-                    args = calls[0].args or list(calls[0].kwargs.values())
-                    submitted.append(args[0] if args else None)
-                if at_eof:  # `submit(x)<end of turn>`: the answer counts, the episode ended at end of input
-                    traj.end_reason = "eos"
-                elif calls:
-                    traj.end_reason = "submit"
-                elif result is not None and result.restarted:
-                    traj.end_reason = "crash" if result.status == "crashed" else "timeout"
-                elif result is not None and result.error_name == "SystemExit":  # exit() ends a REPL session
-                    traj.end_reason = "exit"
-                elif repeats + 1 >= rules.max_repeats:
-                    traj.end_reason = "repeat"
-                elif len(traj.lines) >= sampling.max_lines:
-                    traj.end_reason = "max_lines"
-                if traj.end_reason:
-                    break
-                env_ids = env_token_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
-                if len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens:
-                    traj.end_reason = "max_tokens"
-                    break
-                traj.token_ids += env_ids
-                traj.loss_mask += [0] * len(env_ids)
-                traj.logprobs += [0.0] * len(env_ids)
+            ep.traj.timing["setup_s"] = await run_setup(kernel, task, row)
+            ep.session = ReplSession(kernel, banner="", digest=rules.state_digest)
+            if rules.state_digest and ep.traj.timing["setup_s"]:  # the setup's data is part of the first line's state
+                await ep.session.refresh_state()
+            await play(gen, i, ep, tokenizer, rewards, sampling, rules)
     finally:
         gen.finish(i)
-    if submitted:
+    return finish_episode(ep, task, row, rewards, tokenizer)
+
+
+async def play(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewards: RewardModel, sampling: SamplingParams,
+               rules: EpisodeRules, stop_at: int | None = None) -> None:
+    """Generate and execute lines of ``ep`` on row ``i`` of ``gen`` until the episode ends, or (``stop_at``) until
+    it has executed ``stop_at`` statements and stands at a ``>>>`` prompt with the next prompt's tokens in ``traj``."""
+    traj, session = ep.traj, ep.session
+    assert session is not None, "play() needs the episode's ReplSession"
+    while not ep.ended:
+        if stop_at is not None and ep.executed >= stop_at and not session.buffer:
+            return
+        t0 = time.perf_counter()
+        sample = await gen.next_line(i, ep.env_ids)
+        ep.env_ids = []
+        ep.gen_s += time.perf_counter() - t0
+        start = len(traj.token_ids)
+        _append(traj, sample)
+        text = tokenizer.decode(sample.token_ids)
+        span = (start, len(traj.token_ids))
+        state, state_values = session.start_state()
+        if sample.finish == "length":  # cut by the token limit: it never runs
+            # recorded even when empty, so every sampled token belongs to exactly one line
+            traj.lines.append(Line(code=code_of(text), status="incomplete", token_span=span, prompt=session.prompt,
+                                   state=state, state_values=state_values))
+            traj.end_reason = "overlong_line"
+            break
+        at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
+        code = code_of(text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if at_eof else text[:-1])
+        t0 = time.perf_counter()
+        step = await session.feed(code)
+        if at_eof:
+            step = _merge(step, await session.end_of_input())
+        ep.exec_s += time.perf_counter() - t0
+        result = step.result
+        ep.executed += result is not None
+        line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
+                    error_name=result.error_name if result else None, state=state, state_values=state_values,
+                    digest_ms=result.state.ms if result is not None and result.state is not None else 0.0)
+        line.rewards = rewards.score_line(line, traj)
+        ep.repeats = ep.repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
+        traj.lines.append(line)
+        # a submission is a call the kernel recorded (plain data, this line's own); printed text never is one
+        calls = [c for c in (result.tool_calls if result else []) if c.name == SUBMIT]
+        if calls:
+            args = calls[0].args or list(calls[0].kwargs.values())
+            ep.submitted.append(args[0] if args else None)
+        if at_eof:  # `submit(x)<end of turn>`: the answer counts, the episode ended at end of input
+            traj.end_reason = "eos"
+        elif calls:
+            traj.end_reason = "submit"
+        elif result is not None and result.restarted:
+            traj.end_reason = "crash" if result.status == "crashed" else "timeout"
+        elif result is not None and result.error_name == "SystemExit":  # exit() ends a REPL session
+            traj.end_reason = "exit"
+        elif ep.repeats + 1 >= rules.max_repeats:
+            traj.end_reason = "repeat"
+        elif len(traj.lines) >= sampling.max_lines:
+            traj.end_reason = "max_lines"
+        if traj.end_reason:
+            break
+        env_ids = env_token_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
+        if len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens:
+            traj.end_reason = "max_tokens"
+            break
+        traj.token_ids += env_ids
+        traj.loss_mask += [0] * len(env_ids)
+        traj.logprobs += [0.0] * len(env_ids)
+        ep.env_ids = env_ids
+
+
+def finish_episode(ep: Episode, task: Task, row: dict, rewards: RewardModel, tokenizer: Any) -> Trajectory:
+    """The ended episode's trajectory with its answer checked, the end-of-episode reward terms and its text."""
+    traj = ep.traj
+    if ep.submitted:
         traj.submitted = True
-        traj.answer = submitted[0]
+        traj.answer = ep.submitted[0]
         traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
-    rewards.finish(traj, bool(submitted))  # end-of-episode terms, gates, the outcome terms
+    rewards.finish(traj, bool(ep.submitted))  # end-of-episode terms, gates, the outcome terms
     traj.text = tokenizer.decode(traj.token_ids)
-    traj.timing.update(generation_wait_s=gen_s, execution_s=exec_s)
+    traj.timing.update(generation_wait_s=ep.gen_s, execution_s=ep.exec_s)
     return traj
 
 
@@ -224,8 +266,16 @@ def env_token_ids(tokenizer: Any, output: str, next_prompt: str, max_output_toke
 async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
                   rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules,
                   group_size: int = 1, chat_template: bool = True,
-                  progress: Any = None) -> tuple[list[Trajectory], RolloutStats]:
-    """Sample ``group_size`` episodes for each ``(row_index, row)`` concurrently; return them grouped in order."""
+                  progress: Any = None, tree: Any = None) -> tuple[list[Trajectory], RolloutStats]:
+    """Sample ``group_size`` episodes for each ``(row_index, row)`` concurrently; return them grouped in order.
+
+    ``tree`` (a ``replrl.tree.TreeShape`` with branch points): each group is a tree of episodes that branch at
+    line boundaries instead (``replrl.tree.tree_rollout``; its leaves replace the ``group_size`` episodes)."""
+    if tree is not None and tree.on:
+        from .tree import tree_rollout
+
+        return await tree_rollout(generator, pool, task, rows, rewards, sampling, rules, tree, chat_template,
+                                  progress)
     tok = generator.tokenizer
     prompts, meta = [], []
     for g, (row_index, row) in enumerate(rows):
@@ -317,6 +367,7 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
     out.update({f"end/{k}": v / n for k, v in sorted(reasons.items())})
     out.update(state_stats(trajs))
     if stats is not None:
+        out.update({k: v for k, v in stats.extra.items() if k.startswith("tree/")})
         out.update({
             "wall_s": stats.wall_s, "generation_s": stats.generation_s, "execution_s": stats.execution_s,
             "other_s": max(stats.wall_s - stats.generation_s, 0.0),

@@ -35,7 +35,13 @@ from sandbox import KernelPool, run_sync
 from sandbox.limits import hides_host_files
 
 from . import checkpoint
-from .advantages import ADVANTAGE_ESTIMATORS, batch_tensors, compute_advantages, correct_negative
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    batch_tensors,
+    compute_advantages,
+    correct_negative,
+    line_advantage_stats,
+)
 from .backends import load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
@@ -55,6 +61,7 @@ from .policy import enable_gradient_checkpointing, load_policy
 from .provenance import record_environment
 from .rewards import RewardModel
 from .rollout import EpisodeRules, RolloutStats, rollout, summarize
+from .tree import TreeShape
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
@@ -188,6 +195,7 @@ class Trainer:
                                         gpu_memory_utilization=cfg.model.gpu_memory_utilization)
         self.rewards = RewardModel.from_config(cfg.rewards)
         self.rules = EpisodeRules.from_config(cfg.rollout)
+        self.tree = TreeShape.from_config(cfg.tree)
         self.pad_id = self.generator.pad_id
         self.step = 0
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
@@ -398,7 +406,7 @@ class Trainer:
             # 2. group rollouts
             trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
                                             self.rules, group_size=cfg.rollout.group_size,
-                                            chat_template=cfg.model.chat_template))
+                                            chat_template=cfg.model.chat_template, tree=self.tree))
             every_rank, wave_stats = gather_object(trajs) if self.world > 1 else trajs, {}
         t_rollout = time.perf_counter() - t_step
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
@@ -415,6 +423,7 @@ class Trainer:
         n_correct = self._sum_over_ranks(n_correct)
         if n_correct:  # the share of correct episodes pushed down on some token (e.g. by summed line penalties)
             metrics["adv/correct_negative_frac"] = self._sum_over_ranks(negative) / n_correct
+        metrics.update(line_advantage_stats(adv, batch))  # how much lines of an episode differ (this rank's)
         # 5. loss and optimizer step(s)
         t_update = time.perf_counter()
         update_stats = self.update(batch, adv)

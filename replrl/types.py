@@ -109,6 +109,15 @@ class Trajectory:
     outcome_rewards: dict[str, float] = field(default_factory=dict)
     """Final-answer reward terms (correct / wrong / no_submit), weighted."""
     timing: dict[str, float] = field(default_factory=dict)
+    tree_nodes: list[int] = field(default_factory=list)
+    """Tree rollouts: the branch points on this leaf's path, as node ids unique within its group, root first (the
+    root itself has no id); empty for a flat episode. Episodes that share a node share every token before it."""
+    tree_cuts: list[int] = field(default_factory=list)
+    """Index into ``lines`` of the first line after each of ``tree_nodes`` (lines before ``tree_cuts[0]`` lead from
+    the root to ``tree_nodes[0]``, the last ones from ``tree_nodes[-1]`` to this leaf)."""
+    tree_diverged: bool = False
+    """A replay on this leaf's path printed something other than the lines it replayed (``random``, time, ``id()``):
+    its interpreter state is not its parent's, so the tree estimator gives it no tree credit."""
 
     @property
     def reward(self) -> float:

@@ -209,6 +209,7 @@ def test_batch_tensors():
     assert set(b) == {
         "input_ids", "attention_mask", "loss_mask", "old_logprobs", "line_index",
         "line_rewards", "n_lines", "outcome", "group", "correct", "line_state", "line_state_values", "line_code",
+        "tree_from", "tree_to", "tree_credit",
     }  # fmt: skip
     # no line recorded a state: unknown (-1) on every line; texts "a", "b", "c" numbered 0, 1, 2; padding -1
     assert b["line_state"].tolist() == b["line_state_values"].tolist() == [[-1, -1], [-1, -1]]

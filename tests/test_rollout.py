@@ -20,6 +20,7 @@ from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import TRUNCATED_MARKER
 from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout, summarize
+from replrl.tree import TreeShape
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, empty_state, run_sync
 from sandbox._kernel_digest import state_digest
@@ -59,9 +60,38 @@ def episodes(scripted, pool) -> dict[str, Trajectory]:
     return {row["script"]: t for (_, row), t in zip(rows, trajs)}
 
 
-def test_token_exact_splicing_and_masks(scripted, episodes):
+TREE = TreeShape(roots=2, branch_at=(2, 4), width=2)
+TREE_SCRIPTS = ("many", "wrong")
+"""Tree rollouts: `many` branches after 2 and 4 lines, `wrong` submits at line 1, before the first branch point.
+(A replay that diverges is tested in tests/test_tree.py, with a model of its own.)"""
+
+
+@pytest.fixture(scope="module")
+def tree(scripted, pool) -> tuple[dict[str, list[Trajectory]], dict[str, float]]:
+    """Leaves of a tree per script (2 roots branching after 2 and 4 lines into 2), and the rollout's summary."""
+    model, tokenizer = scripted
+    task = ScriptTask()
+    rows = [(i, r) for i, r in enumerate(task.rows("train")) if r["script"] in TREE_SCRIPTS]
+    rewards = RewardModel(RewardConfig().weights)
+    trajs, stats = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows, rewards, SAMPLING, RULES,
+                                    chat_template=False, tree=TREE))
+    leaves: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        leaves.setdefault(rows[t.group][1]["script"], []).append(t)
+    return leaves, summarize(trajs, stats)
+
+
+@pytest.fixture(params=["flat", "tree leaves"])
+def named_episodes(request) -> list[tuple[str, Trajectory]]:
+    """The flat episodes, then the tree leaves: the invariants below hold for both."""
+    if request.param == "flat":
+        return list(request.getfixturevalue("episodes").items())
+    return [(name, t) for name, ts in request.getfixturevalue("tree")[0].items() for t in ts]
+
+
+def test_token_exact_splicing_and_masks(scripted, named_episodes):
     _, tokenizer = scripted
-    for name, t in episodes.items():
+    for name, t in named_episodes:
         assert tokenizer.decode(t.token_ids) == t.text, name
         prompt = build_prompt(tokenizer, f"Run script {name}.", chat_template=False)
         assert tokenizer.decode(t.token_ids[:t.prompt_len]) == prompt
@@ -81,10 +111,10 @@ def test_token_exact_splicing_and_masks(scripted, episodes):
             assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
 
 
-def test_sampler_logprobs_equal_a_plain_forward_pass(scripted, episodes):
+def test_sampler_logprobs_equal_a_plain_forward_pass(scripted, named_episodes):
     model, tokenizer = scripted
     banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0])
-    for name, t in episodes.items():
+    for name, t in named_episodes:
         ids = torch.tensor([t.token_ids])
         mask = torch.tensor(t.loss_mask, dtype=torch.bool)
         logp = token_logprobs(model, ids, torch.ones_like(ids), SAMPLING, banned, mask[None].long())[0]  # [T]
@@ -291,3 +321,34 @@ def test_block_use_counts_code_after_a_continuation_prompt_only():
     rows = {0: {"level": 1}, 1: {"level": 2}, 2: {"level": 2}}
     assert level_accuracy([loop, one_line, wrong_loop], rows) == {"accuracy_level1": 1.0, "accuracy_level2": 0.5}
     assert level_accuracy([loop], {0: {"question": "no level"}}) == {}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tree rollouts (replrl/tree.py): the leaves' invariants are checked with the flat episodes' above
+
+
+def test_tree_leaves_share_their_prefix_up_to_the_branch_point(tree):
+    leaves = tree[0]["many"]
+    assert len(leaves) == TREE.leaves == 8
+    assert all([ln.code for ln in t.lines] == SCRIPTS["many"][:5] for t in leaves)  # max_lines 5
+    # every leaf passed two branch points, after 2 and 4 executed lines: 2 nodes at line 2, 4 at line 4
+    assert all(len(t.tree_nodes) == 2 and t.tree_cuts == [2, 4] and not t.tree_diverged for t in leaves)
+    assert len({t.tree_nodes[0] for t in leaves}) == 2 and len({tuple(t.tree_nodes) for t in leaves}) == 4
+    for a in leaves:
+        for b in leaves:
+            shared = sum(x == y for x, y in zip(a.tree_nodes, b.tree_nodes))  # nodes in common (a prefix)
+            if shared:  # identical up to the first line after the shared node: its ids, masks and log-probs
+                cut = a.lines[a.tree_cuts[shared - 1]].token_span[0]
+                assert a.token_ids[:cut] == b.token_ids[:cut]
+                assert a.loss_mask[:cut] == b.loss_mask[:cut] and a.logprobs[:cut] == b.logprobs[:cut]
+
+
+def test_tree_episode_that_ends_before_the_branch_point_is_a_leaf(tree):
+    leaves, metrics = tree
+    wrong = leaves["wrong"]
+    assert len(wrong) == 2 and all(t.tree_nodes == [] and t.end_reason == "submit" for t in wrong)
+    assert metrics["tree/leaf_shortfall"] == 6  # both roots submitted at line 1: 2 leaves, not 8 (and logged)
+    assert metrics["tree/branch_points"] == 2 + 4  # many: 2 at line 2, 4 at line 4
+    assert metrics["tree/replays"] == 1 * 2 + 1 * 4 and metrics["tree/replays_diverged"] == 0  # one copy each
+    assert 0 < metrics["tree/generated_vs_leaf_tokens"] < 1  # the shared prefixes were generated once
+    assert 0 <= metrics["tree/replay_ms_per_line"] < 1000

@@ -1,0 +1,141 @@
+"""A flat group of 8 against a tree of 8 leaves: the same problems, model, sampling and kernels, side by side.
+
+For each repeat and each problem: a flat group (``group_size`` independent episodes) and a tree group (``--roots``
+episodes branching after the ``--branch-at`` executed lines into ``--width`` children: as many leaves), alternating
+which goes first. Figures (sums over all groups):
+
+- ``tree_vs_flat_tokens_generated``: tokens the policy sampled for the tree / for the flat group (target <= 0.8 with
+  branch points at lines 2 and 4). The tree samples its shared prefixes once;
+- ``tree_vs_flat_wall``: wall time of the tree rollouts / of the flat ones (target <= 1.0). The tree's levels run one
+  after the other, its children wait for a fresh kernel and a replay, and a backend without a prefix cache (HF)
+  prefills each child's prefix again (``tree_vs_flat_prefill_tokens``: tokens fed to the model, prompt included);
+- ``replay_ms_per_line``: one replay at a time into a fresh kernel of the pool, of the tree's leaves' lines, per line
+  (target <= 5 ms); ``replay_ms_per_line_in_tree``: the same inside the tree rollouts, where replays run
+  concurrently with each other and with generation (what a training step pays); ``replay_ms_per_line_assignments``:
+  20 plain assignments replayed, the floor (the kernel's round trip).
+
+    python bench/tree_rollout.py [--model smollm2-135m-instruct] [--backend hf] [--problems 2] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from replrl.backends import load_generator
+from replrl.cli import run_script
+from replrl.config import Config
+from replrl.configlib import resolve
+from replrl.policy import load_policy
+from replrl.repl import ReplSession
+from replrl.rewards import RewardModel
+from replrl.rollout import EpisodeRules, rollout
+from replrl.trainer import task_from_config
+from replrl.tree import TreeShape
+from sandbox import KernelPool, run_sync
+
+
+async def replay_assignments_ms_per_line(pool: KernelPool, n: int = 5) -> float:
+    """Replay 20 assignments (``x3 = 3 * 3``), one replay at a time into a fresh kernel: ms per line (median)."""
+    lines = [(f"x{i} = {i} * 3", "") for i in range(20)]
+    per_line = []
+    for _ in range(n):
+        async with pool.acquire() as kernel:
+            rep = await ReplSession(kernel, banner="").replay(lines)
+        per_line.append(1000 * rep.duration_s / rep.lines)
+    return statistics.median(per_line)
+
+
+async def replay_ms_per_line(pool: KernelPool, trajs: list, n: int = 8) -> float:
+    """Replay the lines of up to ``n`` leaves, one at a time, each into a fresh kernel: ms per line."""
+    per_line = []
+    for t in trajs[:n]:
+        lines = [(ln.code, ln.output) for ln in t.lines if ln.status != "timeout"][:8]
+        if not lines:
+            continue
+        async with pool.acquire() as kernel:
+            rep = await ReplSession(kernel, banner="").replay(lines)
+        per_line.append(1000 * rep.duration_s / rep.lines)
+    return statistics.median(per_line) if per_line else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--backend", default="hf", choices=("hf", "vllm"))
+    ap.add_argument("--task", default="programs")
+    ap.add_argument("--level", type=int, default=1)
+    ap.add_argument("--problems", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--roots", type=int, default=2)
+    ap.add_argument("--branch-at", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--width", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--max-lines", type=int, default=12)
+    args = ap.parse_args()
+
+    shape = TreeShape(args.roots, tuple(args.branch_at), args.width)
+    cfg = resolve(Config, None, {"model": {"name": args.model, "backend": args.backend},
+                                 "task": {"name": args.task, "level": args.level},
+                                 "rollout": {"group_size": shape.leaves, "temperature": args.temperature,
+                                             "max_lines": args.max_lines}})
+    task = task_from_config(cfg)
+    rows = [(i, task.rows(cfg.task.train_split)[i]) for i in range(args.problems)]
+    model, tokenizer = load_policy(cfg.model, seed=0)
+    gen = load_generator(cfg.model.backend, model, tokenizer)
+    rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
+    totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0} for k in ("flat", "tree")}
+    in_tree: list[float] = []
+    leaves: list = []
+
+    async def go() -> float:
+        async with KernelPool(size=shape.leaves, limits=cfg.rollout.limits(), tools=task.tools) as pool:
+            for rep in range(args.repeats):
+                for p, row in enumerate(rows):
+                    sampling = cfg.rollout.sampling(seed=1000 * rep + p)
+                    order = ("flat", "tree") if (rep + p) % 2 == 0 else ("tree", "flat")
+                    for kind in order:
+                        await pool.wait_full()  # both start from a full warm pool
+                        t0 = time.perf_counter()
+                        trajs, stats = await rollout(gen, pool, task, [row], rewards, sampling, rules,
+                                                     group_size=shape.leaves, chat_template=cfg.model.chat_template,
+                                                     tree=shape if kind == "tree" else None)
+                        tot = totals[kind]
+                        tot["wall"] += time.perf_counter() - t0
+                        tot["generated"] += stats.model_tokens  # a tree counts its shared prefixes once
+                        tot["fed"] += stats.extra.get("gen_fed_tokens", 0.0)
+                        tot["leaves"] += len(trajs)
+                        tot["lines"] += sum(len(t.lines) for t in trajs)
+                        if kind == "tree":
+                            in_tree.append(stats.extra["tree/replay_ms_per_line"])
+                            leaves.extend(trajs)
+                        print(f"repeat {rep} problem {p} {kind}: {len(trajs)} episodes, {stats.model_tokens} tokens "
+                              f"sampled, {sum(len(t.lines) for t in trajs) / len(trajs):.1f} lines each, "
+                              f"{stats.wall_s:.1f} s", flush=True)
+            return (await replay_ms_per_line(pool, [t for t in leaves if not t.tree_diverged]),
+                    await replay_assignments_ms_per_line(pool))
+
+    replay, replay_assignments = run_sync(go())
+    flat, tree = totals["flat"], totals["tree"]
+    figures = {
+        "tree_vs_flat_tokens_generated": tree["generated"] / max(flat["generated"], 1),
+        "tree_vs_flat_wall": tree["wall"] / flat["wall"],
+        "replay_ms_per_line": replay,
+        "replay_ms_per_line_in_tree": statistics.median(in_tree),
+        "replay_ms_per_line_assignments": replay_assignments,
+        "tree_vs_flat_prefill_tokens": tree["fed"] / flat["fed"] if flat["fed"] else None,
+        "flat_lines_per_episode": flat["lines"] / max(flat["leaves"], 1),
+        "tree_lines_per_leaf": tree["lines"] / max(tree["leaves"], 1),
+        "tree_leaves_per_group": tree["leaves"] / (args.repeats * len(rows)),
+        "flat_wall_s": flat["wall"], "tree_wall_s": tree["wall"],
+        "model": args.model, "backend": args.backend, "task": f"{args.task} level {args.level}",
+        "shape": {"roots": shape.roots, "branch_at": list(shape.branch_at), "width": shape.width},
+        "groups": args.repeats * len(rows),
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_script(main))
