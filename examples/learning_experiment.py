@@ -1,4 +1,5 @@
-"""The learning experiment of docs/results/arithmetic.md: does REPL GRPO make SmolLM2-135M-Instruct better on held-out problems?
+"""The learning experiment (docs/results/arithmetic.md): does REPL GRPO make SmolLM2-135M-Instruct better on held-out
+problems?
 
     python examples/learning_experiment.py --out runs/experiment            # ~40 min on a 2-core CPU
     python examples/learning_experiment.py --out runs/experiment --trl      # + text-only TRL GRPO, same budget
