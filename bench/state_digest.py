@@ -5,7 +5,8 @@
    digest, alternating which goes first: the kernel's own digest time (``StateDigest.ms``) and the round trip with
    and without it, side by side.
 2. Real rollouts (``--models``; the 0.5B under ``flock /tmp/replrl-heavy.lock``): ``--groups`` problems of
-   ``programs`` level 1, ``--group-size`` episodes each, temperature 0.7, the task's rollout limits, digests on.
+   ``--task`` (``programs`` by default, or ``explore``) at ``--level`` (default 1), ``--group-size`` episodes each,
+   temperature 0.7, the task's rollout limits, digests on.
    Per model: how often a line's start state repeats in its group with and without names (lines after the first:
    the first line's fresh state is shared by construction), the step groups formed, and the share of lines that
    the ``state`` estimator credits differently from ``outcome``.
@@ -112,11 +113,11 @@ def _states_credited_apart(trajs: list[Trajectory], key: str) -> float:
 
 
 def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: float = 0.7, level: int = 1,
-                 seed: int = 0, episodes: Path | None = None) -> dict[str, Any]:
-    """Roll out ``groups`` x ``group_size`` episodes of ``programs`` at ``level`` with digests on; the repeat
+                 seed: int = 0, episodes: Path | None = None, task_name: str = "programs") -> dict[str, Any]:
+    """Roll out ``groups`` x ``group_size`` episodes of ``task_name`` at ``level`` with digests on; the repeat
     statistics of their start states (``replrl.states.state_stats``) and a few more figures. ``episodes``: a JSON
     Lines file to keep the episodes in."""
-    cfg = load_config(model={"name": model}, task={"name": "programs", "level": level},
+    cfg = load_config(model={"name": model}, task={"name": task_name, "level": level},
                       rollout={"temperature": temperature, "group_size": group_size, "state_digest": True},
                       run={"seed": seed})
     task = task_from_config(cfg)
@@ -185,6 +186,7 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--level", type=int, default=1)
+    p.add_argument("--task", default="programs", help="the task rolled out (programs, explore)")
     p.add_argument("--episodes", default="/tmp/state_digest", help="directory for the episodes (JSON Lines)")
     args = p.parse_args()
     if args.rounds < 1 or args.groups < 1 or args.group_size < 2:
@@ -197,7 +199,8 @@ def main() -> None:
     rollouts = {}
     for model in [m for m in args.models if m != "none"]:
         rollouts[model] = repeat_rates(model, args.groups, args.group_size, args.temperature, args.level,
-                                       episodes=Path(args.episodes) / f"{model.replace('/', '_')}.jsonl")
+                                       episodes=Path(args.episodes) / f"{model.replace('/', '_')}.jsonl",
+                                       task_name=args.task)
         r = rollouts[model]
         print(f"{model}: {r['episodes']} episodes, {r['lines']} lines ({r['lines_after_first']} after the first), "
               f"accuracy {r['accuracy']:.0%}; start state repeats: named {r['repeat_frac_named']:.1%}, values "
@@ -206,7 +209,8 @@ def main() -> None:
               f"{r['step_groups_values']:.0f}; credited apart from outcome: {r['credited_apart_named']:.1%} / "
               f"{r['credited_apart_values']:.1%}; repeats by line {r['repeats_values_by_line']}; "
               f"rollout {r['rollout_wall_s']:.0f} s", flush=True)
-    print(json.dumps({"state_digest_ms_per_line": cost["state_digest_ms_per_line"],
+    print(json.dumps({"task": args.task, "level": args.level,
+                      "state_digest_ms_per_line": cost["state_digest_ms_per_line"],
                       "state_digest_overhead_ms_p50": cost["roundtrip_ms_p50_with_digest"]
                       - cost["roundtrip_ms_p50_without_digest"], "cost": cost,
                       **{f"repeat_frac_named/{m}": r["repeat_frac_named"] for m, r in rollouts.items()},
