@@ -9,15 +9,14 @@ equal it exactly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from replrl.answers import parse_number
-from replrl.tasks.base import TaskError, check_header_template, format_header
+from replrl.tasks.base import TaskError
+from replrl.tasks.generated import LEVELS, MAX_CONSECUTIVE_REPEATS, TEST_SHARE, GeneratedTask, hashed_split
 from replrl.tasks.programs_families import FAMILIES
 
 PROGRAMS_HEADER = (
@@ -28,31 +27,13 @@ PROGRAMS_HEADER = (
 """Default header; ``{question}`` (and any other row field) is filled in. Override with ``header_template=``. It says
 nothing about how the REPL runs a block (a blank line closes it): whether shaping teaches that is the experiment."""
 
-LEVELS = (1, 2, 3)
-TEST_SHARE = 8
-"""One problem in 8 (by a hash of the problem) may be a test problem, the others only train problems."""
-MAX_CONSECUTIVE_REPEATS = 2_000
-"""Generation gives up when a (family, level) draws this many unusable or already-taken problems in a row."""
-
-
-def _levels(level: int | str | Sequence[int]) -> tuple[int, ...]:
-    """1, 2 or 3; 0 or "mixed" for all three; or a list of levels such as [1, 2]."""
-    if isinstance(level, str) and level.isdigit():
-        level = int(level)
-    if level in (0, "mixed"):
-        return LEVELS
-    chosen = (level,) if isinstance(level, int | str) else tuple(level)
-    if not chosen or any(type(x) is not int or x not in LEVELS for x in chosen) or len(set(chosen)) < len(chosen):
-        raise TaskError(f"programs level must be 1, 2, 3, 0 or 'mixed' (all three), or a list of levels such as "
-                        f"[1, 2] (got {level!r})")
-    return tuple(chosen)
-
 
 @dataclass
-class ProgramsTask:
+class ProgramsTask(GeneratedTask):
     """Generated programming problems. Rows: {"question", "answer" (the integer as a string), "family", "level",
     "params" (the problem's parameters as JSON)}. A problem's split is decided by the problem itself (``split_of``),
-so no test problem is ever a train problem, whatever the level and family options of either task."""
+    so no test problem is ever a train problem, whatever the level and family options of either task. Levels: 1
+    (easy), 2 (medium), 3 (hard: larger parameters or a two-stage problem)."""
 
     name: ClassVar[str] = "programs"
     tools: ClassVar[tuple[str, ...]] = ("submit",)
@@ -67,73 +48,20 @@ so no test problem is ever a train problem, whatever the level and family option
     64 tokens holds a generator expression; 1536 tokens hold the header (~150 tokens), 24 such lines and their output.
     The trainer applies them where the user's config leaves the field at its default."""
 
-    level: int | str | list[int] = 0
-    """Difficulty: 1 (easy), 2 (medium), 3 (hard: larger parameters or a two-stage problem); 0 or "mixed" draws every
-    level in equal shares; a list such as [1, 2] draws those levels."""
-    families: list[str] = field(default_factory=list)
-    """Only these families (names as in ``programs_families.FAMILIES``); empty: all of them."""
-    n_train: int = 5000
-    """Problems in the train split."""
-    n_test: int = 500
-    """Problems in the test split (no (family, level, parameters) of it is also in train)."""
-    seed: int = 0
-    """Seed of the generator; the same seed gives the same problems."""
     header_template: str = PROGRAMS_HEADER
     """Header text; ``{question}`` is replaced by the problem."""
-    _rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
+    family_table: ClassVar[dict[str, Any]] = FAMILIES
 
-    def __post_init__(self) -> None:
-        self.levels = _levels(self.level)
-        names = [self.families] if isinstance(self.families, str) else list(self.families)
-        unknown = [f for f in names if f not in FAMILIES]
-        if unknown:
-            raise TaskError(f"programs: unknown families {', '.join(map(repr, unknown))}; they are "
-                            f"{', '.join(FAMILIES)}")
-        self.family_names = tuple(dict.fromkeys(names)) or tuple(FAMILIES)
-        if self.n_train < 0 or self.n_test < 0:
-            raise TaskError(f"programs n_train and n_test must be >= 0 (got {self.n_train}, {self.n_test})")
-        check_header_template(self.header_template)
+    def _draw(self, rng: random.Random, family: str, level: int) -> tuple[dict[str, Any], Any] | None:
+        params = FAMILIES[family][level].draw(rng)
+        return None if params is None else ({"family": family, "level": level, "params": json.dumps(params)}, params)
 
-    def rows(self, split: str) -> list[dict[str, Any]]:
-        if split not in ("train", "test"):
-            raise TaskError(f"unknown split {split!r}: use 'train' or 'test'")
-        if split not in self._rows:
-            self._rows[split] = self._generate(split, self.n_test if split == "test" else self.n_train)
-        return self._rows[split]
-
-    def _generate(self, split: str, n: int) -> list[dict[str, Any]]:
-        """Every (family, level) in turn, in a fresh random order each round, so each gets an equal share."""
-        rng = random.Random(f"replrl-programs-{self.seed}-{split}")  # str seeds are stable across runs
-        combos = [(f, lv) for f in self.family_names for lv in self.levels]
-        seen: set[tuple] = set()
-        rows: list[dict[str, Any]] = []
-        order: list[tuple[str, int]] = []
-        while len(rows) < n:
-            if not order:
-                order = rng.sample(combos, len(combos))
-            family, level = order.pop()
-            rows.append(self._draw(rng, split, family, level, seen, n))
-        return rows
-
-    def _draw(self, rng: random.Random, split: str, family: str, level: int, seen: set[tuple], n: int) \
-            -> dict[str, Any]:
-        problem = FAMILIES[family][level]
-        for _ in range(MAX_CONSECUTIVE_REPEATS):
-            params = problem.draw(rng)
-            if params is None:
-                continue
-            row = {"family": family, "level": level, "params": json.dumps(params)}
-            if _key(row) in seen or split_of(self.seed, row) != split:
-                continue
-            answer = problem.solve(**params)
-            if answer == 0:  # never 0: a guessed submit(0) is never right
-                continue
-            seen.add(_key(row))
-            return {"question": problem.question(params), "answer": str(answer), **row}
-        raise TaskError(f"programs family {family!r} level {level} has too few distinct problems for {n} rows")
-
-    def header(self, row: dict) -> str:
-        return format_header(self.header_template, row)
+    def _finish(self, row: dict[str, Any], params: Any) -> dict[str, Any] | None:
+        problem = FAMILIES[row["family"]][row["level"]]
+        answer = problem.solve(**params)
+        if answer == 0:  # never 0: a guessed submit(0) is never right
+            return None
+        return {"question": problem.question(params), "answer": str(answer), **row}
 
     def answer_of(self, row: dict) -> int:
         try:
@@ -148,13 +76,9 @@ so no test problem is ever a train problem, whatever the level and family option
         return value is not None and value == self.answer_of(row)
 
 
-def _key(row: dict) -> tuple[str, int, str]:
-    return row["family"], row["level"], row["params"]
-
-
 def split_of(seed: int, row: dict) -> str:
-    """The split a problem belongs to: a function of the problem alone (a hash of the seed, family, level and
-    parameters; one problem in TEST_SHARE is a test problem). So every configuration with the same seed (level 1
-    for training, every level for evaluation, a subset of families) keeps each test problem out of training."""
-    digest = hashlib.sha256(f"{seed}|{row['family']}|{row['level']}|{row['params']}".encode()).digest()
-    return "test" if digest[0] % TEST_SHARE == 0 else "train"
+    """The split a problem belongs to: a function of the problem alone (``generated.hashed_split``)."""
+    return hashed_split(ProgramsTask.split_prefix, seed, row)
+
+
+__all__ = ["LEVELS", "MAX_CONSECUTIVE_REPEATS", "PROGRAMS_HEADER", "TEST_SHARE", "ProgramsTask", "split_of"]
