@@ -68,10 +68,16 @@ def group_has_contrast(group: Sequence[Trajectory], signal: str = "outcome") -> 
 
 
 def split_groups(trajs: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
-    """Episodes as the rollout returns them (``group_size`` consecutive episodes per problem) -> one list per group."""
-    if len(trajs) % group_size:
-        raise ValueError(f"{len(trajs)} episodes do not split into groups of {group_size}")
-    return [list(trajs[i:i + group_size]) for i in range(0, len(trajs), group_size)]
+    """Episodes as one process's rollout returns them (a group's episodes consecutive, sharing ``traj.group``) -> one
+    list per group. A group holds at most ``group_size`` episodes; a tree group may hold fewer (no episode was alive
+    at its last branch point: ``tree/leaf_shortfall``), so groups are told apart by their id, not by counting."""
+    groups: list[list[Trajectory]] = []
+    for t in trajs:
+        if groups and groups[-1][0].group == t.group and len(groups[-1]) < group_size:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    return groups
 
 
 def select_groups(contrast: Sequence[bool], want: int, at_least: int = 1) -> list[int]:

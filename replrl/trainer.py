@@ -412,8 +412,13 @@ class Trainer:
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
         # (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's on the stream)
         metrics = summarize(every_rank, stats)
-        metrics["groups_with_contrast"] = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
-                                              for g in split_groups(every_rank, cfg.rollout.group_size))
+        if cfg.rollout.dynamic_sampling:  # every group drawn, over all processes (whole groups: no trees)
+            metrics["groups_with_contrast"] = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
+                                                  for g in split_groups(every_rank, cfg.rollout.group_size))
+        else:  # each process's own groups (a tree group may be short: grouped by id), summed over processes
+            mine = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
+                       for g in split_groups(trajs, cfg.rollout.group_size))
+            metrics["groups_with_contrast"] = sum(gather_object([mine])) if self.world > 1 else mine
         metrics.update(wave_stats)
         metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
         # 4. advantages (the estimator takes the options of cfg.advantages it declares)

@@ -77,9 +77,20 @@ def test_the_first_groups_with_a_contrast_are_kept_in_the_order_drawn():
     # none at all: one group without contrast (zero advantage) per process, the earliest drawn
     assert select_groups([False, False, False], want=2, at_least=2) == [0, 1]
     assert select_groups([False, True, False], want=2, at_least=2) == [0, 1]
-    assert split_groups(list(range(6)), 3) == [[0, 1, 2], [3, 4, 5]]
-    with pytest.raises(ValueError):
-        split_groups(list(range(5)), 2)
+
+
+def test_groups_are_told_apart_by_id_so_a_short_tree_group_splits_right():
+    # the 0.5B tree run crashed at step 3 ("4 episodes do not split into groups of 8"): a tree group whose episodes
+    # all ended before the last branch point has fewer leaves than group_size
+    def eps(*groups):
+        return [Trajectory([], [], [], 0, "", group=g) for g in groups]
+
+    full = eps(0, 0, 0, 1, 1, 1)
+    assert [[t.group for t in g] for g in split_groups(full, 3)] == [[0, 0, 0], [1, 1, 1]]
+    short = eps(0, 0, 0, 1, 2, 2, 2)                        # group 1 kept one leaf of 3
+    assert [[t.group for t in g] for g in split_groups(short, 3)] == [[0, 0, 0], [1], [2, 2, 2]]
+    # processes' groups concatenated: the same local id twice in a row is two groups once one is full
+    assert [len(g) for g in split_groups(eps(0, 0, 0, 0, 0, 0), 3)] == [3, 3]
 
 
 def test_wave_figures():
