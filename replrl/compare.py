@@ -90,7 +90,25 @@ MEASURES = [
 ALWAYS = ("accuracy", "syntax_error_rate", "exception_rate")
 """Measures kept in the tables even when no run has them (the columns callers have always had)."""
 WALL_KEYS = ("step_s", "eval/wall_s", "transfer/wall_s")
-"""Logged seconds whose sum is a run's wall-clock when its sweep recorded none."""
+"""Logged seconds whose sum is a run's wall-clock when its sweep recorded none (with each run.extra_eval task's
+``eval_<label>/wall_s``)."""
+EXTRA_KEYS = ("accuracy", "accuracy_level1", "accuracy_level2", "accuracy_level3")
+"""What the tables take from each run.extra_eval task's last evaluation (``eval_<label>/accuracy`` ...)."""
+
+
+def extra_measures(variants: dict[str, list[RunData]]) -> list[Measure]:
+    """Measures of the run.extra_eval tasks some run logged: ``<label>_accuracy`` (``eval_<label>/accuracy``) and
+    per level, labels in the order first met."""
+    labels: dict[str, None] = {}
+    for runs in variants.values():
+        for r in runs:
+            for row in r.rows:
+                for key in row:
+                    if (prefix := row_kind(key)).startswith("eval_"):
+                        labels.setdefault(prefix[len("eval_"):-1])
+    return [Measure(f"{label}_{k}", f"eval_{label}/{k}", "final",
+                    f"{label} accuracy" + (f", level {k[-1]}" if k != "accuracy" else ""))
+            for label in labels for k in EXTRA_KEYS]
 
 T975 = [12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
         2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
@@ -241,7 +259,8 @@ def wall_clock(run: RunData) -> tuple[float, str]:
     recorded = run.record.get("wall_s")
     if isinstance(recorded, (int, float)):
         return float(recorded), "sweep"
-    logged = [v for key in WALL_KEYS for v in _logged(run.rows, key)]
+    extra = sorted({k for row in run.rows for k in row if row_kind(k).startswith("eval_") and k.endswith("/wall_s")})
+    logged = [v for key in (*WALL_KEYS, *extra) for v in _logged(run.rows, key)]
     return (float(sum(logged)), "logged") if logged else (math.nan, "")
 
 
@@ -332,6 +351,7 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
     """(one row per variant, one row per run) as DataFrames, with the measures some run has (and ALWAYS)."""
     import pandas as pd
 
+    all_measures = [*MEASURES, *extra_measures(variants)]
     runs = []
     for variant, rs in variants.items():
         for r in rs:
@@ -339,11 +359,11 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
             wall_s, wall_source = wall_clock(r)
             runs.append({"variant": variant, "seed": r.seed, "steps": steps, "episodes": episodes,
                          "wall_s": wall_s, "wall_s_source": wall_source,
-                         **{m.col: measure_value(r.rows, m) for m in MEASURES}, "run_dir": str(r.path)})
+                         **{m.col: measure_value(r.rows, m) for m in all_measures}, "run_dir": str(r.path)})
     per_run = pd.DataFrame(runs)
-    absent = [m.col for m in MEASURES if m.col not in ALWAYS and per_run[m.col].isna().all()]
+    absent = [m.col for m in all_measures if m.col not in ALWAYS and per_run[m.col].isna().all()]
     per_run = per_run.drop(columns=absent)
-    measures = [m for m in MEASURES if m.col not in absent]
+    measures = [m for m in all_measures if m.col not in absent]
     base = per_run[per_run.variant == baseline].set_index("seed")
     rows = []
     for variant, group in per_run.groupby("variant", sort=False):
@@ -361,7 +381,9 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
         for col in ("wall_s", "steps", "episodes"):
             row[f"{col}_mean"] = float(group[col].mean())
         rows.append(row)
-    return pd.DataFrame(rows), per_run
+    table = pd.DataFrame(rows)
+    table.attrs["measures"] = measures
+    return table, per_run
 
 
 def markdown(table: Any, per_run: Any, baseline: str) -> str:
@@ -377,12 +399,14 @@ def markdown(table: Any, per_run: Any, baseline: str) -> str:
     def row(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
 
-    measures = [m for m in MEASURES if f"{m.col}_mean" in table.columns]
+    measures = [m for m in table.attrs.get("measures", MEASURES) if f"{m.col}_mean" in table.columns]
     records = table.to_dict("records")
     head = ["measure"] + [f"`{r['variant']}`" + (" (baseline)" if r["variant"] == baseline else "") for r in records]
     notes = []
     if any(row_kind(m.key) == "transfer/" for m in measures):
         notes.append("transfer: its last evaluation on the transfer task")
+    if any(row_kind(m.key).startswith("eval_") for m in measures):
+        notes.append("<label> accuracy: its last evaluation on that run.extra_eval task")
     if any(m.how == "train_mean" for m in measures):
         notes.append("training mean: over its training steps")
     source = "Each run's last held-out evaluation" + (f" ({'; '.join(notes)})" if notes else "")

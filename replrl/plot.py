@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .metrics import EVAL_PREFIXES, read_metrics
+from .metrics import held_out_prefix, read_metrics
 
 PANELS = [
     ("reward", ["reward_mean"]),
@@ -26,8 +26,8 @@ PANELS = [
 
 
 def row_kind(key: str) -> str:
-    """"eval/", "transfer/" or "" (a training metric)."""
-    return next((p for p in EVAL_PREFIXES if key.startswith(p)), "")
+    """"eval/", "transfer/", "eval_<label>/" (a run.extra_eval task) or "" (a training metric)."""
+    return held_out_prefix(key)
 
 
 def is_eval_key(key: str) -> bool:
