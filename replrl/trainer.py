@@ -623,7 +623,8 @@ class Trainer:
 
     def evaluate_all(self, pool: KernelPool, when: str = "") -> None:
         """Every held-out task (eval, then transfer and each run.extra_eval if set): figures logged as eval/<m>,
-        transfer/<m> and eval_<label>/<m> at this step, episodes appended to eval_samples.jsonl, and kept in ``evals`` (under ``when``, default "after").
+        transfer/<m> and eval_<label>/<m> at this step, episodes appended to eval_samples.jsonl, and kept in
+        ``evals`` (under ``when``, default "after").
         Ctrl-C stops it after the wave in flight, nothing logged: its finished waves are kept for the next start."""
         figures: dict[str, dict[str, float]] = {}
         for label, _, task, _ in self.held_out:
