@@ -151,6 +151,27 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def paired_bootstrap(variant: Sequence[Sequence[float]], control: Sequence[Sequence[float]], n_boot: int = 10000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the difference variant minus control in a share over problems, averaged over seed pairs,
+    with a 95% percentile interval from resampling the problems. ``variant[k][p]`` and ``control[k][p]``: the k-th
+    seed pair's score on problem p (1 correct, 0 not); every run was evaluated on the same problems, so one resample
+    of problems applies to every run (paired). The mean equals the mean over seed pairs of the accuracy differences.
+
+    It says how much the difference depends on which problems the held-out set happens to hold; the t-interval over
+    seeds (``mean_ci`` of the per-seed differences) says how much it depends on the seed. Report both: neither
+    contains the other."""
+    import numpy as np
+
+    v, c = np.asarray(variant, dtype=float), np.asarray(control, dtype=float)  # [S, P] each
+    if v.ndim != 2 or v.shape != c.shape or v.size == 0:
+        raise ValueError(f"variant and control must be [seed pairs, problems] of one shape; got {v.shape}, {c.shape}")
+    d = (v - c).mean(0)                                                     # [P]: mean over seed pairs
+    picks = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))  # [n_boot, P]
+    lo, hi = np.percentile(d[picks].mean(1), [2.5, 97.5])
+    return float(d.mean()), float(lo), float(hi)
+
+
 # -- runs on disk -------------------------------------------------------------------------------------------------
 def _is_run(path: Path) -> bool:
     return (path / "metrics.jsonl").is_file()
