@@ -13,6 +13,8 @@ The table's measures (MEASURES), one number per run:
   (the share of correct episodes that used a multi-line block), ``eval/block_syntax_error_frac`` (the share of
   episodes that opened a block and hit a syntax error inside it: the REPL's block rule broken);
 - from its last transfer evaluation (a second task): ``transfer/accuracy``;
+- from the last evaluation of each run.extra_eval task: ``eval_<label>/accuracy`` and per level (EXTRA_KEYS), as
+  ``<label>_accuracy``, ``<label>_accuracy_level<k>``;
 - over its training steps, the mean of ``adv/correct_negative_frac`` (correct episodes given a negative advantage).
 A value missing from that last evaluation is missing for the run (not taken from an earlier one). A measure no run
 has is left out; accuracy, syntax_error_rate and exception_rate are always there. A run's wall-clock is its sweep's
@@ -27,6 +29,10 @@ Statistics, per variant, over its seeds (n of them):
   and 95% paired t-interval over the seed pairs (no interval for one pair). Not a bootstrap: at the 2-5 seeds a
   sweep affords, a percentile bootstrap's "95%" interval is about the range of the differences (for 3 pairs,
   exactly [min, max]), which holds the mean about 75% of the time.
+- ``paired_bootstrap``: a different question, for held-out accuracy where every run was evaluated on the same
+  problems: a 95% interval from resampling the problems (not the seeds), paired across runs. It says how much a
+  difference owes to which problems the held-out set holds (bench/line_credit_collect.py shows it beside the
+  t-interval over seeds).
 """
 
 from __future__ import annotations
