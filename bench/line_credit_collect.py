@@ -418,7 +418,52 @@ def arm_section(
                 f"{lpe} | {device(r)} | {r.path.as_posix()} |"
             )
     lines.append("")
+    # 5. transcripts for a reader to judge
+    picks = transcript_candidates(variants, main_task)
+    if picks:
+        lines += [
+            f"Transcript candidates, picked by rule from the final `{main_task}` evaluations (a reader judges "
+            "whether the output decided the next line):",
+            "",
+        ]
+        for title, run, episode in picks:
+            lines += [
+                f"{title}: `{run.variant}` seed {run.seed}, problem row {episode['row']}, "
+                f"{'correct' if episode['correct'] else 'not correct'}:",
+                "",
+                "```",
+                session(episode["text"]),
+                "```",
+                "",
+            ]
     return lines
+
+
+def session(text: str, max_lines: int = 24) -> str:
+    """The episode after the banner, at most ``max_lines`` lines (a marker says how many more there were)."""
+    body = text.split(BANNER_END, 1)[-1].rstrip("\n").splitlines()
+    more = len(body) - max_lines
+    return "\n".join(body[:max_lines] + ([f"[... {more} more lines]"] if more > 0 else []))
+
+
+def transcript_candidates(variants: dict[str, list[RunRecords]], task: str) -> list[tuple[str, RunRecords, dict]]:
+    """Per variant other than the control: the shortest correct episode that looked at a value, then wrote more code
+    (a candidate for "used an output to decide its next line"), and a typical one (the correct episode, else any,
+    whose typed lines are the median of its run's), from its first seed's final evaluation."""
+    out = []
+    for v, runs in variants.items():
+        if v == CONTROL or not runs or (final := runs[0].final(task)) is None:
+            continue
+        looked = [e for e in final if e["correct"] and looked_then_coded(e["text"])]
+        if looked:
+            best = min(looked, key=lambda e: (typed_lines(e["text"]), int(e["row"])))
+            out.append(("Looked at a value, then wrote more code", runs[0], best))
+        pool = sorted(
+            [e for e in final if e["correct"]] or final, key=lambda e: (typed_lines(e["text"]), int(e["row"]))
+        )
+        if pool:
+            out.append(("Typical", runs[0], pool[len(pool) // 2]))
+    return out
 
 
 TASK_NAMES = dict(TASKS)
