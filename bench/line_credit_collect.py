@@ -439,11 +439,22 @@ def arm_section(
     return lines
 
 
+QUESTION = re.compile(r"(?:^|\n)((?:Problem|Question): .*?)(?:<\|im_end\|>|\n|$)", re.S)
+"""The question at the end of the programs (``Problem: ...``) and explore (``Question: ...``) headers."""
+
+
 def session(text: str, max_lines: int = 24) -> str:
-    """The episode after the banner, at most ``max_lines`` lines (a marker says how many more there were)."""
-    body = text.split(BANNER_END, 1)[-1].rstrip("\n").splitlines()
+    """The question (where the header has one) and the episode after the banner, at most ``max_lines`` lines of it (a
+    marker says how many more there were)."""
+    header, _, rest = text.partition(BANNER_END)
+    body = (rest or header).rstrip("\n").splitlines()
     more = len(body) - max_lines
-    return "\n".join(body[:max_lines] + ([f"[... {more} more lines]"] if more > 0 else []))
+    question = QUESTION.search(header) if rest else None
+    return "\n".join(
+        ([question.group(1), ""] if question else [])
+        + body[:max_lines]
+        + ([f"[... {more} more lines]"] if more > 0 else [])
+    )
 
 
 def transcript_candidates(variants: dict[str, list[RunRecords]], task: str) -> list[tuple[str, RunRecords, dict]]:

@@ -337,7 +337,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     # transcript candidates: the tree's shortest correct episode that looked, then coded (seed 0, row 0), and a
     # typical one (the median by typed lines of its correct ones: rows 0 and 1 tie at 4 lines, so row 1)
     assert "Looked at a value, then wrote more code: `tree` seed 0, problem row 0, correct:" in arm1_text
-    assert "Typical: `tree` seed 0, problem row 1, correct:\n\n```\n>>> x = 3\n>>> x\n3\n" in arm1_text
+    assert "Typical: `tree` seed 0, problem row 1, correct:\n\n```\nProblem: ?\n\n>>> x = 3\n>>> x\n3\n" in arm1_text
     # made again from the committed records alone (no sweep directories): the same page
     page.unlink()
     lc.main(["--control", str(tmp_path / "control" / "outcome_only"), "--out", str(out), "--page", str(page)])
