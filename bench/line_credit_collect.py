@@ -209,26 +209,23 @@ def paired_cell(
     variant: list[RunRecords], control: list[RunRecords], task: str, rows: set[int] | None, seed: int = 0
 ) -> str:
     """Variant minus control in points, paired by seed: the mean, its 95% t-interval over seeds and (``problems``)
-    the 95% interval from resampling the problems both evaluated (the same resample for every pair)."""
+    the 95% interval from resampling the problems (the same resample for every pair). Both over the problems every
+    run of the pairs evaluated (all of them, when the runs followed the protocol)."""
     ctrl = {r.seed: r.final(task) for r in control}
-    pairs = []
-    for run in variant:
-        mine, theirs = run.final(task), ctrl.get(run.seed)
-        if mine is None or theirs is None:
-            continue
-        a, b = scores(mine, rows), scores(theirs, rows)
-        common = sorted(set(a) & set(b))
-        if common:
-            pairs.append(([a[p] for p in common], [b[p] for p in common]))
-    if not pairs:
+    pairs = [
+        (scores(mine, rows), scores(theirs, rows))
+        for run in variant
+        if (mine := run.final(task)) is not None and (theirs := ctrl.get(run.seed)) is not None
+    ]
+    common = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs))) if pairs else []
+    if not common:
         return ""
-    diffs = [100 * (share(dict(enumerate(v))) - share(dict(enumerate(c)))) for v, c in pairs]
+    v, c = [[a[p] for p in common] for a, _ in pairs], [[b[p] for p in common] for _, b in pairs]
+    diffs = [100 * (sum(x) - sum(y)) / len(common) for x, y in zip(v, c)]
     mean, lo, hi = mean_ci(diffs)
     seeds = f"{mean:+.1f}" + ("" if len(diffs) < 2 else f" [{max(lo, -100):+.1f}, {min(hi, 100):+.1f}]")
-    if len({len(v) for v, _ in pairs}) == 1:
-        _, blo, bhi = paired_bootstrap([v for v, _ in pairs], [c for _, c in pairs], N_BOOT, seed)
-        return f"{seeds} ({len(diffs)}); problems [{100 * blo:+.1f}, {100 * bhi:+.1f}]"
-    return f"{seeds} ({len(diffs)}); problems: the pairs evaluated different numbers of problems"
+    _, blo, bhi = paired_bootstrap(v, c, N_BOOT, seed)
+    return f"{seeds} ({len(diffs)}); problems [{100 * blo:+.1f}, {100 * bhi:+.1f}]"
 
 
 def train_figure(run: RunRecords, *keys: str) -> float:
@@ -251,8 +248,10 @@ def collapsed(
     """COLLAPSE_SHARE's rule: final accuracy on ``task`` below half the control's at the same seed (a control run:
     below half the untrained model's). None when a figure is missing."""
     final = run.final(task)
-    reference = control.get(run.seed) if run.variant != CONTROL else None
-    ref = reference.final(task) if reference is not None else before.get(run.seed)
+    if run.variant == CONTROL:
+        ref = before.get(run.seed)
+    else:
+        ref = reference.final(task) if (reference := control.get(run.seed)) is not None else None
     if final is None or ref is None:
         return None
     return share(scores(final)) < COLLAPSE_SHARE * share(scores(ref))
