@@ -123,6 +123,10 @@ def load_runs(variant_dir: Path) -> list[RunRecords]:
 
 
 # -- figures read from the episodes' text ----------------------------------------------------------------------------
+QUESTION = re.compile(r"(?:^|\n)((?:Problem|Question): .*?)(?:<\|im_end\|>|\n|$)", re.S)
+"""The question at the end of the programs (``Problem: ...``) and explore (``Question: ...``) headers."""
+
+
 PROMPT_LINE = re.compile(r"^(>>>|\.\.\.)( |$|<)")
 """A line the model typed at a prompt: ``>>> ``/``... `` and its text, a bare prompt, or a prompt followed by a special
 token (``>>><|im_end|>``: the model ended the episode at the prompt, which the trainer counts as a line too)."""
@@ -210,16 +214,25 @@ def paired_cell(
 ) -> str:
     """Variant minus control in points, paired by seed: the mean, its 95% t-interval over seeds and (``problems``)
     the 95% interval from resampling the problems (the same resample for every pair). Both over the problems every
-    run of the pairs evaluated (all of them, when the runs followed the protocol)."""
+    run of the pairs evaluated (all of them, when the runs followed the protocol). Problems are paired by row; a row
+    whose question differs between two runs (another copy of a dataset) makes the cell say so instead."""
     ctrl = {r.seed: r.final(task) for r in control}
-    pairs = [
-        (scores(mine, rows), scores(theirs, rows))
+    runs = [
+        (mine, theirs)
         for run in variant
         if (mine := run.final(task)) is not None and (theirs := ctrl.get(run.seed)) is not None
     ]
+    pairs = [(scores(mine, rows), scores(theirs, rows)) for mine, theirs in runs]
     common = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs))) if pairs else []
     if not common:
         return ""
+    asked: dict[int, set[str]] = {}
+    for episodes in (e for pair in runs for e in pair):
+        for e in episodes:
+            if int(e["row"]) in common and (found := QUESTION.search(e["text"].partition(BANNER_END)[0])):
+                asked.setdefault(int(e["row"]), set()).add(found.group(1))
+    if any(len(q) > 1 for q in asked.values()):
+        return "not the same problems (a row's question differs between runs): not paired"
     v, c = [[a[p] for p in common] for a, _ in pairs], [[b[p] for p in common] for _, b in pairs]
     diffs = [100 * (sum(x) - sum(y)) / len(common) for x, y in zip(v, c)]
     mean, lo, hi = mean_ci(diffs)
@@ -436,10 +449,6 @@ def arm_section(
                 "",
             ]
     return lines
-
-
-QUESTION = re.compile(r"(?:^|\n)((?:Problem|Question): .*?)(?:<\|im_end\|>|\n|$)", re.S)
-"""The question at the end of the programs (``Problem: ...``) and explore (``Question: ...``) headers."""
 
 
 def session(text: str, max_lines: int = 24) -> str:

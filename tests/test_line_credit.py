@@ -363,3 +363,26 @@ def test_the_collector_reads_the_committed_control_as_its_run_logged_it() -> Non
             assert lc.share(lc.scores(final, rows)) == pytest.approx(logged[f"eval/accuracy_level{k}"], abs=1e-6)
         typed = sum(lc.typed_lines(e["text"]) for e in final) / len(final)
         assert typed == pytest.approx(logged["eval/lines_per_episode"], abs=1e-6)
+
+
+def test_problems_are_paired_only_where_the_runs_asked_the_same_questions() -> None:
+    """Rows pair problems across runs; a run evaluated on another copy of a dataset (other questions under the same
+    rows) is not paired with the control, it is reported."""
+    lc = load_collector()
+    cfg = resolve(Config, str(CONTROL / "seed0" / "config.toml"), {})
+
+    def run(variant: str, questions: list[str], correct: list[int]) -> object:
+        episodes = [
+            {"row": k, "correct": bool(c), "text": f"Problem: {q}<|im_end|>\n{BANNER}>>> submit(1)\n"}
+            for k, (q, c) in enumerate(zip(questions, correct))
+        ]
+        return lc.RunRecords(variant, 0, Path(variant), cfg, [], {("eval", 12): episodes})
+
+    control = [run("outcome_only", ["a?", "b?"], [0, 1])]
+    assert (
+        lc.paired_cell([run("tree", ["a?", "b?"], [1, 1])], control, "programs", None)
+        == "+50.0 (1); problems [+0.0, +100.0]"
+    )
+    assert lc.paired_cell([run("tree", ["a?", "c?"], [1, 1])], control, "programs", None).startswith(
+        "not the same problems"
+    )
