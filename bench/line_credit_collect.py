@@ -147,6 +147,12 @@ def statements(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def banner(text: str) -> str:
+    """The first line of the REPL banner an episode's prompt holds (``Python 3.11.7 (main, ...) on linux``), or ""."""
+    head = text.partition(BANNER_END)[0]
+    return head[head.rfind("\nPython ") + 1 :].partition("\n")[0] if "\nPython " in head else ""
+
+
 def typed_lines(text: str) -> int:
     """Lines the model typed (a block's closing blank line included), read from the text: what the trainer counts in
     ``lines_per_episode``."""
@@ -315,6 +321,16 @@ def arm_section(
             if any(cells):
                 lines.append(f"| {shown}{', ' + name if name else ''} | " + " | ".join(cells) + " |")
     notes = [f'"before" on {TASK_NAMES[t]}: {note}' for t, note in before_note.items()]
+    seen = {
+        v: sorted({b for r in rs if (f := r.final(main_task)) for b in map(banner, (e["text"] for e in f))})
+        for v, rs in variants.items()
+    }
+    if len({b for found in seen.values() for b in found}) > 1:  # the prompt's banner is the trainer's sys.version
+        notes.append(
+            "the prompts differ in the Python banner (the trainer's own `sys.version`), so the variants did "
+            "not see byte-identical prompts: "
+            + "; ".join(f"`{v}`: {', '.join(f'`{b}`' for b in found)}" for v, found in seen.items())
+        )
     lines += ["", *(f"- {n}" for n in notes), ""]
     # 2. paired differences to the control
     others = [v for v in names if v != CONTROL]

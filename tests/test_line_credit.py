@@ -159,7 +159,11 @@ def test_looked_then_coded_and_typed_lines_read_from_the_text() -> None:
 
 
 def write_run(
-    run_dir: Path, cfg: Config, evals: dict[tuple[str, int], list[tuple[int, str]]], train: dict[str, float]
+    run_dir: Path,
+    cfg: Config,
+    evals: dict[tuple[str, int], list[tuple[int, str]]],
+    train: dict[str, float],
+    banner: str = BANNER,
 ) -> None:
     """A finished run's records as a sweep leaves them: config, metrics (2 training steps), sweep record and
     eval_samples.jsonl. ``evals``: {(label, step): [(correct 0/1, transcript body) per problem row]}."""
@@ -186,7 +190,7 @@ def write_run(
                 [],
                 [],
                 0,
-                "Problem: ?\n" + BANNER + body,
+                "Problem: ?\n" + banner + body,
                 correct=bool(correct),
                 submitted=True,
                 lines=[Line(code) for code in body.splitlines() if code.startswith(">>> ")],
@@ -260,6 +264,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
             cfg2[("tree", s)],
             {("eval", 12): eps(tree), ("eval_programs", 12): eps("1000"), ("transfer", 12): eps("00")},
             {"adv/correct_negative_frac": 0.5, "tree/generated_tokens_per_leaf": 30.0},
+            banner=BANNER.replace("3.11.7", "3.12.1") if s == 1 else BANNER,  # seed 1 trained on another machine
         )
     out, page = tmp_path / "results", tmp_path / "line_credit.md"
     lc.main(
@@ -338,6 +343,9 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     # typical one (the median by typed lines of its correct ones: rows 0 and 1 tie at 4 lines, so row 1)
     assert "Looked at a value, then wrote more code: `tree` seed 0, problem row 0, correct:" in arm1_text
     assert "Typical: `tree` seed 0, problem row 1, correct:\n\n```\nProblem: ?\n\n>>> x = 3\n>>> x\n3\n" in arm1_text
+    # arm 2's tree seed 1 saw another Python banner in its prompts: the page says so (arm 1's runs all saw one)
+    assert "differ in the Python banner" not in arm1_text
+    assert "`tree`: `Python 3.11.7 (main) on linux`, `Python 3.12.1 (main) on linux`" in arm2_text
     # made again from the committed records alone (no sweep directories): the same page
     page.unlink()
     lc.main(["--control", str(tmp_path / "control" / "outcome_only"), "--out", str(out), "--page", str(page)])
@@ -386,3 +394,20 @@ def test_problems_are_paired_only_where_the_runs_asked_the_same_questions() -> N
     assert lc.paired_cell([run("tree", ["a?", "c?"], [1, 1])], control, "programs", None).startswith(
         "not the same problems"
     )
+
+
+def test_the_committed_control_was_asked_today_s_problems_and_the_page_notes_a_banner_that_differs() -> None:
+    """Arm 1 pairs new runs with the committed control problem by problem: every held-out `programs` prompt the
+    control saw holds the header today's task builds for that row. The REPL banner in the prompt is the trainer's
+    sys.version, which another machine may change: the page says so when the runs' banners differ."""
+    from replrl.tasks import load_task
+
+    lc = load_collector()
+    rows = load_task("programs", level=0, seed=0).rows("test")
+    task = load_task("programs", level=0, seed=0)
+    for run in lc.load_runs(CONTROL):
+        for label, step in run.episodes:
+            if label == "eval":
+                assert all(task.header(rows[int(e["row"])]) in e["text"] for e in run.episodes[(label, step)])
+    assert lc.banner("Problem: ?\n" + BANNER + PLAIN) == "Python 3.11.7 (main) on linux"
+    assert lc.banner(PLAIN) == ""
