@@ -570,10 +570,14 @@ def _sweep_order(path: Path) -> list[str]:
 
 
 COMMANDS = """\
-replrl sweep examples/line_credit_sweep.toml --out runs/line_credit --prune          # arm 1 (9 runs)
-replrl sweep examples/line_credit_explore_sweep.toml --out runs/line_credit_explore --prune   # arm 2 (6 runs)
+# GSM8K: the control's copy (offline, a directory of train.jsonl / test.jsonl); problems are paired by row
+replrl sweep examples/line_credit_sweep.toml --out runs/line_credit --prune \\
+    --set 'run.transfer_task={name = "gsm8k", data = "path/to/gsm8k"}'                  # arm 1: 9 runs
+replrl sweep examples/line_credit_explore_sweep.toml --out runs/line_credit_explore --prune \\
+    --set 'run.transfer_task={name = "gsm8k", data = "path/to/gsm8k"}'                  # arm 2: 6 runs
 python bench/line_credit_collect.py --arm1 runs/line_credit --arm2 runs/line_credit_explore \\
-    --control docs/results/shaping_cpu/outcome_only --out docs/results/line_credit --page docs/results/line_credit.md
+    --control docs/results/shaping_cpu/outcome_only --out docs/results/line_credit \\
+    --page docs/results/line_credit.md
 """
 
 
