@@ -13,6 +13,8 @@ The table's measures (MEASURES), one number per run:
   (the share of correct episodes that used a multi-line block), ``eval/block_syntax_error_frac`` (the share of
   episodes that opened a block and hit a syntax error inside it: the REPL's block rule broken);
 - from its last transfer evaluation (a second task): ``transfer/accuracy``;
+- from the last evaluation of each run.extra_eval task: ``eval_<label>/accuracy`` and per level (EXTRA_KEYS), as
+  ``<label>_accuracy``, ``<label>_accuracy_level<k>``;
 - over its training steps, the mean of ``adv/correct_negative_frac`` (correct episodes given a negative advantage).
 A value missing from that last evaluation is missing for the run (not taken from an earlier one). A measure no run
 has is left out; accuracy, syntax_error_rate and exception_rate are always there. A run's wall-clock is its sweep's
@@ -27,6 +29,10 @@ Statistics, per variant, over its seeds (n of them):
   and 95% paired t-interval over the seed pairs (no interval for one pair). Not a bootstrap: at the 2-5 seeds a
   sweep affords, a percentile bootstrap's "95%" interval is about the range of the differences (for 3 pairs,
   exactly [min, max]), which holds the mean about 75% of the time.
+- ``paired_bootstrap``: a different question, for held-out accuracy where every run was evaluated on the same
+  problems: a 95% interval from resampling the problems (not the seeds), paired across runs. It says how much a
+  difference owes to which problems the held-out set holds (bench/line_credit_collect.py shows it beside the
+  t-interval over seeds).
 """
 
 from __future__ import annotations
@@ -90,7 +96,25 @@ MEASURES = [
 ALWAYS = ("accuracy", "syntax_error_rate", "exception_rate")
 """Measures kept in the tables even when no run has them (the columns callers have always had)."""
 WALL_KEYS = ("step_s", "eval/wall_s", "transfer/wall_s")
-"""Logged seconds whose sum is a run's wall-clock when its sweep recorded none."""
+"""Logged seconds whose sum is a run's wall-clock when its sweep recorded none (with each run.extra_eval task's
+``eval_<label>/wall_s``)."""
+EXTRA_KEYS = ("accuracy", "accuracy_level1", "accuracy_level2", "accuracy_level3")
+"""What the tables take from each run.extra_eval task's last evaluation (``eval_<label>/accuracy`` ...)."""
+
+
+def extra_measures(variants: dict[str, list[RunData]]) -> list[Measure]:
+    """Measures of the run.extra_eval tasks some run logged: ``<label>_accuracy`` (``eval_<label>/accuracy``) and
+    per level, labels in the order first met."""
+    labels: dict[str, None] = {}
+    for runs in variants.values():
+        for r in runs:
+            for row in r.rows:
+                for key in row:
+                    if (prefix := row_kind(key)).startswith("eval_"):
+                        labels.setdefault(prefix[len("eval_"):-1])
+    return [Measure(f"{label}_{k}", f"eval_{label}/{k}", "final",
+                    f"{label} accuracy" + (f", level {k[-1]}" if k != "accuracy" else ""))
+            for label in labels for k in EXTRA_KEYS]
 
 T975 = [12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
         2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
@@ -131,6 +155,27 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
         return mean, math.nan, math.nan
     half = t975(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
     return mean, mean - half, mean + half
+
+
+def paired_bootstrap(variant: Sequence[Sequence[float]], control: Sequence[Sequence[float]], n_boot: int = 10000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the difference variant minus control in a share over problems, averaged over seed pairs,
+    with a 95% percentile interval from resampling the problems. ``variant[k][p]`` and ``control[k][p]``: the k-th
+    seed pair's score on problem p (1 correct, 0 not); every run was evaluated on the same problems, so one resample
+    of problems applies to every run (paired). The mean equals the mean over seed pairs of the accuracy differences.
+
+    It says how much the difference depends on which problems the held-out set happens to hold; the t-interval over
+    seeds (``mean_ci`` of the per-seed differences) says how much it depends on the seed. Report both: neither
+    contains the other."""
+    import numpy as np
+
+    v, c = np.asarray(variant, dtype=float), np.asarray(control, dtype=float)  # [S, P] each
+    if v.ndim != 2 or v.shape != c.shape or v.size == 0:
+        raise ValueError(f"variant and control must be [seed pairs, problems] of one shape; got {v.shape}, {c.shape}")
+    d = (v - c).mean(0)                                                     # [P]: mean over seed pairs
+    picks = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))  # [n_boot, P]
+    lo, hi = np.percentile(d[picks].mean(1), [2.5, 97.5])
+    return float(d.mean()), float(lo), float(hi)
 
 
 # -- runs on disk -------------------------------------------------------------------------------------------------
@@ -241,7 +286,8 @@ def wall_clock(run: RunData) -> tuple[float, str]:
     recorded = run.record.get("wall_s")
     if isinstance(recorded, (int, float)):
         return float(recorded), "sweep"
-    logged = [v for key in WALL_KEYS for v in _logged(run.rows, key)]
+    extra = sorted({k for row in run.rows for k in row if row_kind(k).startswith("eval_") and k.endswith("/wall_s")})
+    logged = [v for key in (*WALL_KEYS, *extra) for v in _logged(run.rows, key)]
     return (float(sum(logged)), "logged") if logged else (math.nan, "")
 
 
@@ -332,6 +378,7 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
     """(one row per variant, one row per run) as DataFrames, with the measures some run has (and ALWAYS)."""
     import pandas as pd
 
+    all_measures = [*MEASURES, *extra_measures(variants)]
     runs = []
     for variant, rs in variants.items():
         for r in rs:
@@ -339,11 +386,11 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
             wall_s, wall_source = wall_clock(r)
             runs.append({"variant": variant, "seed": r.seed, "steps": steps, "episodes": episodes,
                          "wall_s": wall_s, "wall_s_source": wall_source,
-                         **{m.col: measure_value(r.rows, m) for m in MEASURES}, "run_dir": str(r.path)})
+                         **{m.col: measure_value(r.rows, m) for m in all_measures}, "run_dir": str(r.path)})
     per_run = pd.DataFrame(runs)
-    absent = [m.col for m in MEASURES if m.col not in ALWAYS and per_run[m.col].isna().all()]
+    absent = [m.col for m in all_measures if m.col not in ALWAYS and per_run[m.col].isna().all()]
     per_run = per_run.drop(columns=absent)
-    measures = [m for m in MEASURES if m.col not in absent]
+    measures = [m for m in all_measures if m.col not in absent]
     base = per_run[per_run.variant == baseline].set_index("seed")
     rows = []
     for variant, group in per_run.groupby("variant", sort=False):
@@ -361,7 +408,9 @@ def tables(variants: dict[str, list[RunData]], baseline: str) -> tuple[Any, Any]
         for col in ("wall_s", "steps", "episodes"):
             row[f"{col}_mean"] = float(group[col].mean())
         rows.append(row)
-    return pd.DataFrame(rows), per_run
+    table = pd.DataFrame(rows)
+    table.attrs["measures"] = measures
+    return table, per_run
 
 
 def markdown(table: Any, per_run: Any, baseline: str) -> str:
@@ -377,12 +426,14 @@ def markdown(table: Any, per_run: Any, baseline: str) -> str:
     def row(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
 
-    measures = [m for m in MEASURES if f"{m.col}_mean" in table.columns]
+    measures = [m for m in table.attrs.get("measures", MEASURES) if f"{m.col}_mean" in table.columns]
     records = table.to_dict("records")
     head = ["measure"] + [f"`{r['variant']}`" + (" (baseline)" if r["variant"] == baseline else "") for r in records]
     notes = []
     if any(row_kind(m.key) == "transfer/" for m in measures):
         notes.append("transfer: its last evaluation on the transfer task")
+    if any(row_kind(m.key).startswith("eval_") for m in measures):
+        notes.append("<label> accuracy: its last evaluation on that run.extra_eval task")
     if any(m.how == "train_mean" for m in measures):
         notes.append("training mean: over its training steps")
     source = "Each run's last held-out evaluation" + (f" ({'; '.join(notes)})" if notes else "")

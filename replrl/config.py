@@ -7,6 +7,7 @@ from these classes (see ``replrl.configlib``). Each class validates itself once,
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,6 +309,14 @@ class RunConfig:
     "path/to/gsm8k"}. Empty: none."""
     transfer_n: int = 100
     """Problems of the transfer task per evaluation: the first transfer_n of its eval split, one episode each."""
+    extra_eval: list[dict[str, Any]] = field(default_factory=list)
+    """More held-out tasks, each evaluated whenever the first one is (eval_before included), e.g. [{name =
+    "explore", level = 0, n = 100}]. A table holds [task] fields (on top of the defaults and the training task's
+    seed, as transfer_task), n (problems: the first n of its eval split, one episode each; default 100), label
+    (default: the task's name) and rollout (RolloutConfig limits: max_lines, max_line_tokens, max_total_tokens,
+    max_output_tokens, max_repeats, wall_s). Its figures are logged as eval_<label>/<metric> (eval_explore/accuracy,
+    per level too). Sampling is the training run's; the rollout limits are the task's own (its rollout_defaults,
+    e.g. explore's 16 lines), then the table's rollout, so runs trained under other limits are evaluated alike."""
     save_every: int = 5
     """Checkpoint every N steps (and always at the end and on Ctrl-C)."""
     keep_checkpoints: int = 2
@@ -336,6 +345,76 @@ class RunConfig:
                 raise ConfigError(f"run.{name}: {e}") from None
         if self.transfer_task and not self.transfer_task.get("name"):
             raise ConfigError('run.transfer_task needs a task name, e.g. {name = "gsm8k"}')
+        self.extra_evals()  # every table is valid
+
+    def extra_evals(self) -> list[ExtraEval]:
+        """run.extra_eval, validated and with its defaults filled in, in the order given."""
+        if not isinstance(self.extra_eval, list):
+            raise ConfigError(f"run.extra_eval must be a list of tables; got {self.extra_eval!r}")
+        out: list[ExtraEval] = []
+        for k, table in enumerate(self.extra_eval):
+            where = f"run.extra_eval[{k}]"
+            out.append(ExtraEval.parse(table, where))
+            if out[-1].label in {e.label for e in out[:-1]}:
+                raise ConfigError(f"{where}: label {out[-1].label!r} is used twice; give each table its own label")
+        return out
+
+
+EXTRA_EVAL_LIMITS = ("max_lines", "max_line_tokens", "max_total_tokens", "max_output_tokens", "max_repeats", "wall_s")
+"""The rollout fields an extra held-out task may set (its sampling is the training run's)."""
+_LABEL = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ExtraEval:
+    """One table of run.extra_eval: a held-out task logged as eval_<label>/<metric>."""
+
+    label: str
+    """Names its metrics (eval_<label>/accuracy), its episodes in eval_samples.jsonl and its "before" figures."""
+    task: dict[str, Any]
+    """[task] fields, on top of the defaults and the training task's seed."""
+    n: int
+    """Problems per evaluation: the first n of its eval split."""
+    rollout: dict[str, Any]
+    """Rollout limits set by the table, over the task's own rollout_defaults."""
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of its figures in metrics.jsonl (and its ``eval`` field in eval_samples.jsonl, no slash)."""
+        return f"eval_{self.label}/"
+
+    @classmethod
+    def parse(cls, table: Any, where: str) -> ExtraEval:
+        if not isinstance(table, dict):
+            raise ConfigError(f'{where} must be a table, e.g. {{name = "explore", level = 0, n = 100}}; got {table!r}')
+        task_fields = [f.name for f in dataclasses.fields(TaskConfig)]
+        unknown = sorted(set(table) - {*task_fields, "n", "label", "rollout"})
+        if unknown:
+            raise ConfigError(f"{where}: {unknown[0]!r} is not a [task] field, n, label or rollout "
+                              f"([task] fields: {', '.join(task_fields)})")
+        task = {k: v for k, v in table.items() if k in task_fields}
+        if not task.get("name"):
+            raise ConfigError(f'{where} needs a task name, e.g. {{name = "explore", level = 0, n = 100}}')
+        try:
+            TaskConfig(**task)
+        except (TypeError, ConfigError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        label = table.get("label", task["name"])
+        if not isinstance(label, str) or not _LABEL.match(label):
+            raise ConfigError(f"{where}: label {label!r} must be lower-case letters, digits and _ (starting with a "
+                              "letter); set label = \"...\" for a task named by import path")
+        n = table.get("n", 100)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"{where}: n must be an integer >= 1; got {n!r}")
+        rollout = table.get("rollout", {})
+        if not isinstance(rollout, dict) or set(rollout) - set(EXTRA_EVAL_LIMITS):
+            raise ConfigError(f"{where}: rollout must be a table of {', '.join(EXTRA_EVAL_LIMITS)}; got {rollout!r}")
+        for key, value in rollout.items():
+            kind = (int, float) if key == "wall_s" else int
+            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+                what = "a number" if key == "wall_s" else "an integer"
+                raise ConfigError(f"{where}: rollout.{key} must be {what} > 0; got {value!r}")
+        return cls(label, task, n, dict(rollout))
 
 
 @dataclass

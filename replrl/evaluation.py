@@ -3,7 +3,8 @@
 ``evaluate`` returns the figures of ``rollout.summarize`` (accuracy, per-line error rates, lines per episode, how
 often a multi-line block was used ...), plus ``accuracy_level<k>`` where the problems have a level (the ``programs``
 task) and ``wall_s``. ``eval_config`` builds the config of another held-out task: ``run.eval_task`` (the training
-task with some fields changed, e.g. every level) or ``run.transfer_task`` (another task, e.g. GSM8K).
+task with some fields changed, e.g. every level), ``run.transfer_task`` (another task, e.g. GSM8K), and
+``extra_eval_config`` that of each ``run.extra_eval`` table (another task under its own rollout limits).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox import KernelPool, run_sync
 
 from .backends import Generator
-from .config import Config, TaskConfig
+from .config import Config, ExtraEval, TaskConfig
 from .rewards import RewardModel
 from .rollout import EpisodeRules, rollout, summarize
 from .tasks import load_task
@@ -52,6 +53,19 @@ def eval_config(cfg: Config, task_fields: dict[str, Any], fresh: bool = False) -
     another task) on top of the defaults, keeping only the training task's seed."""
     base = {"seed": cfg.task.seed} if fresh else dataclasses.asdict(cfg.task)
     return dataclasses.replace(cfg, task=TaskConfig(**{**base, **task_fields}))
+
+
+def extra_eval_config(cfg: Config, extra: ExtraEval) -> Config:
+    """The config of one ``run.extra_eval`` task: its [task] fields on top of the defaults and the training task's
+    seed (as ``transfer_task``), the training run's sampling, and the task's own rollout limits (its
+    ``rollout_defaults``) overridden by the table's ``rollout``: an extra task is evaluated alike whatever limits the
+    run trained under (a run trained on ``programs`` and one trained on ``explore`` see the same ``explore``
+    evaluation)."""
+    from .tasks.base import task_class
+
+    held = eval_config(cfg, extra.task, fresh=True)
+    limits = {**(getattr(task_class(extra.task["name"]), "rollout_defaults", None) or {}), **extra.rollout}
+    return dataclasses.replace(held, rollout=dataclasses.replace(cfg.rollout, **limits))
 
 
 class EvaluationStopped(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -92,12 +93,23 @@ class EvalWaves:
 
 
 EVAL_PREFIXES = ("eval/", "transfer/")
-"""Key prefixes of held-out rows in metrics.jsonl: the eval task's and the transfer task's figures."""
+"""Key prefixes of held-out rows in metrics.jsonl: the eval task's and the transfer task's figures; each run.extra_eval
+task's are ``eval_<label>/`` (EXTRA_PREFIX)."""
+EXTRA_PREFIX = re.compile(r"^eval_[a-z][a-z0-9_]*/")
+
+
+def held_out_prefix(key: str) -> str:
+    """The held-out prefix of a metrics key ("eval/", "transfer/", "eval_explore/"), "" for a training metric."""
+    found = next((p for p in EVAL_PREFIXES if key.startswith(p)), "")
+    if not found and (match := EXTRA_PREFIX.match(key)):
+        found = match.group(0)
+    return found
 
 
 def held_out_labels(row: dict[str, Any]) -> set[str]:
-    """The held-out evaluations a metrics row logs (``eval/accuracy`` -> "eval")."""
-    return {p[:-1] for p in EVAL_PREFIXES if any(k.startswith(p) for k in row)}
+    """The held-out evaluations a metrics row logs (``eval/accuracy`` -> "eval", ``eval_explore/accuracy`` ->
+    "eval_explore")."""
+    return {p[:-1] for k in row if (p := held_out_prefix(k))}
 
 
 class MetricsWriter:

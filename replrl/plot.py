@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .metrics import EVAL_PREFIXES, read_metrics
+from .metrics import held_out_prefix, read_metrics
 
 PANELS = [
     ("reward", ["reward_mean"]),
@@ -26,8 +26,8 @@ PANELS = [
 
 
 def row_kind(key: str) -> str:
-    """"eval/", "transfer/" or "" (a training metric)."""
-    return next((p for p in EVAL_PREFIXES if key.startswith(p)), "")
+    """"eval/", "transfer/", "eval_<label>/" (a run.extra_eval task) or "" (a training metric)."""
+    return held_out_prefix(key)
 
 
 def is_eval_key(key: str) -> bool:
@@ -76,8 +76,11 @@ def run_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
 
     fig = Figure(figsize=(15, 8))
     axes = fig.subplots(2, 3)
+    extra = sorted({k for r in rows for k in r if row_kind(k).startswith("eval_") and k.endswith("/accuracy")})
     for ax, (name, keys) in zip(axes.flat, PANELS):
         keys = keys or sorted({k for r in rows for k in r if k.startswith("reward/")})
+        if "eval/accuracy" in keys:  # each run.extra_eval task's accuracy beside the first held-out task's
+            keys = [*keys, *extra]
         for key in keys:
             steps, values = step_series(rows, key)
             if any(not math.isnan(v) for v in values):

@@ -495,13 +495,14 @@ def _train_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _evaluated_at(run: Run, rows: list[dict[str, Any]], step: int) -> bool:
-    """Whether every held-out evaluation the run's config asks for (eval; transfer too when set) logged its figures
-    at ``step`` in ``rows`` (its metrics): a run stopped in its final evaluation has its steps and checkpoint but
-    not these."""
+    """Whether every held-out evaluation the run's config asks for (eval; transfer and each run.extra_eval too when
+    set) logged its figures at ``step`` in ``rows`` (its metrics): a run stopped in its final evaluation has its
+    steps and checkpoint but not these."""
     from .metrics import held_out_labels
 
     r = run.cfg.run
-    wanted = {"eval", *(("transfer",) if r.transfer_task and r.transfer_n else ())} if r.eval_n else set()
+    wanted = {"eval", *(("transfer",) if r.transfer_task and r.transfer_n else ()),
+              *(e.prefix[:-1] for e in r.extra_evals())} if r.eval_n else set()
     return wanted <= {label for row in rows if row.get("step") == step for label in held_out_labels(row)}
 
 

@@ -54,7 +54,7 @@ from .dynamic_sampling import (
     split_groups,
     wave_metrics,
 )
-from .evaluation import EvaluationStopped, eval_config, evaluate, split_rows, task_from_config
+from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
 from .metrics import EvalWaves, MetricsWriter
 from .policy import enable_gradient_checkpointing, load_policy
@@ -118,7 +118,8 @@ class ProblemStream:
 
 
 class HeldOut(NamedTuple):
-    """A held-out task: "eval" (the training task, or run.eval_task) or "transfer" (run.transfer_task)."""
+    """A held-out task: "eval" (the training task, or run.eval_task), "transfer" (run.transfer_task) or
+    "eval_<label>" (a run.extra_eval table); its figures are logged as <label>/<metric>."""
 
     label: str
     cfg: Config
@@ -170,6 +171,9 @@ class Trainer:
             transfer_cfg = eval_config(cfg, cfg.run.transfer_task, fresh=True)
             self.held_out.append(HeldOut("transfer", transfer_cfg, task_from_config(transfer_cfg),
                                          cfg.run.transfer_n))
+        for extra in cfg.run.extra_evals():
+            extra_cfg = extra_eval_config(cfg, extra)
+            self.held_out.append(HeldOut(extra.prefix[:-1], extra_cfg, task_from_config(extra_cfg), extra.n))
         for label, _, task, _ in self.held_out:
             if tuple(task.tools) != tuple(self.task.tools):
                 raise ConfigError(f"the {label} task {task.name!r} injects other tools ({', '.join(task.tools)}) "
@@ -214,11 +218,12 @@ class Trainer:
         self._saved_step = self.step
         self.evals: dict[str, dict[str, float]] = {}
         """Held-out evaluations: "before" (the untrained model; a resumed run's from its metrics) and "after" (the
-        last one), "transfer_before" and "transfer_after" likewise."""
-        for label, key in (("eval", "before"), ("transfer", "transfer_before")):
-            logged = self.metrics.logged(0, label) if self.step else None  # step 0's figures: the untrained model
+        last one); "transfer_before" and "transfer_after" likewise, and "<label>_before", "<label>_after" for each
+        other held-out task (eval_explore_before, ...)."""
+        for held in self.held_out:
+            logged = self.metrics.logged(0, held.label) if self.step else None  # step 0's: the untrained model
             if logged is not None:
-                self.evals[key] = logged
+                self.evals[self._evals_key(held.label, "before")] = logged
         self.curves: Path | None = None
 
     # -- set-up ----------------------------------------------------------------------------------------------
@@ -374,10 +379,20 @@ class Trainer:
                 lines.append(f"  {level.replace('_', ' '):<26}{pct(before, level)} -> {pct(after, level)}")
         transfer_after = self.evals.get("transfer_after")
         if transfer_after:
-            transfer, before = self.held_out[-1], self.evals.get("transfer_before")
+            transfer = next(h for h in self.held_out if h.label == "transfer")
+            before = self.evals.get("transfer_before")
             lines += [f"transfer ({int(transfer_after['episodes'])} problems of {transfer.task.name} "
                       f"{transfer.cfg.task.eval_split}):",
                       f"  accuracy                  {pct(before, 'accuracy')} -> {pct(transfer_after, 'accuracy')}"]
+        for held in self.held_out[1:]:
+            if held.label == "transfer":
+                continue
+            extra_after = self.evals.get(self._evals_key(held.label, "after"))
+            if extra_after:
+                before = self.evals.get(self._evals_key(held.label, "before"))
+                lines += [f"{held.label} ({int(extra_after['episodes'])} problems of {held.task.name} "
+                          f"{held.cfg.task.eval_split}):",
+                          f"  accuracy                  {pct(before, 'accuracy')} -> {pct(extra_after, 'accuracy')}"]
         if self.curves is not None:
             lines.append(f"learning curves: {self.curves}")
         return "\n".join(lines)
@@ -600,7 +615,8 @@ class Trainer:
                  episodes: list[Trajectory] | None = None, waves: EvalWaves | None = None,
                  stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """Accuracy and per-line statistics on a held-out task (same sampling code as training): ``which`` is
-        "eval" (the eval split of the training task, or of run.eval_task) or "transfer" (run.transfer_task).
+        "eval" (the eval split of the training task, or of run.eval_task), "transfer" (run.transfer_task) or
+        "eval_<label>" (a run.extra_eval table).
         ``waves`` and ``stop``: see ``evaluation.evaluate``."""
         from tqdm.auto import tqdm
 
@@ -611,8 +627,9 @@ class Trainer:
                             rewards=self.rewards.at(self.step), episodes=episodes, waves=waves, stop=stop)
 
     def evaluate_all(self, pool: KernelPool, when: str = "") -> None:
-        """Every held-out task (eval, then transfer if set): figures logged as eval/<m> and transfer/<m> at this
-        step, episodes appended to eval_samples.jsonl, and kept in ``evals`` (under ``when``, default "after").
+        """Every held-out task (eval, then transfer and each run.extra_eval if set): figures logged as eval/<m>,
+        transfer/<m> and eval_<label>/<m> at this step, episodes appended to eval_samples.jsonl, and kept in
+        ``evals`` (under ``when``, default "after").
         Ctrl-C stops it after the wave in flight, nothing logged: its finished waves are kept for the next start."""
         figures: dict[str, dict[str, float]] = {}
         for label, _, task, _ in self.held_out:
@@ -643,9 +660,13 @@ class Trainer:
                      figures[label]["accuracy"], figures[label]["episodes"], figures[label]["wall_s"])
             if waves is not None:
                 waves.clear()
-        self.evals[when or "after"] = figures["eval"]
-        if "transfer" in figures:
-            self.evals["transfer_" + (when or "after")] = figures["transfer"]
+        for label, got in figures.items():
+            self.evals[self._evals_key(label, when or "after")] = got
+
+    @staticmethod
+    def _evals_key(label: str, when: str) -> str:
+        """Where ``evals`` keeps a held-out task's figures: "before"/"after" for eval, "<label>_<when>" else."""
+        return when if label == "eval" else f"{label}_{when}"
 
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""

@@ -343,3 +343,23 @@ def test_transfer_rows_at_a_training_step_leave_the_training_curves_whole() -> N
     assert step_series(rows, "reward_mean") == ([1, 2], [0.5, 0.7])
     assert step_series(rows, "eval/accuracy") == ([1], [0.3])
     assert step_series(rows, "transfer/accuracy") == ([1], [0.2])
+
+
+def test_extra_held_out_rows_are_a_kind_of_their_own_and_drawn_beside_the_first() -> None:
+    """A run.extra_eval task's row (eval_explore/...) is neither a training row nor the first held-out task's: the
+    curves read each from its own kind, and the accuracy panel draws it beside eval/accuracy."""
+    from replrl.metrics import held_out_labels, held_out_prefix
+    from replrl.plot import run_figure, step_series
+
+    rows = [{"step": 0, "eval/accuracy": 0.1}, {"step": 0, "eval_explore/accuracy": 0.2},
+            {"step": 1, "episodes": 4, "reward_mean": 0.5, "accuracy": 0.5}, {"step": 1, "eval/accuracy": 0.3},
+            {"step": 1, "eval_explore/accuracy": 0.4, "eval_explore/accuracy_level1": 1.0}]
+    assert [held_out_prefix(k) for k in ("eval/accuracy", "eval_explore/accuracy", "reward/correct", "eval_x")] == \
+        ["eval/", "eval_explore/", "", ""]
+    assert held_out_labels(rows[-1]) == {"eval_explore"} and held_out_labels(rows[2]) == set()
+    assert step_series(rows, "reward_mean") == ([1], [0.5])
+    assert step_series(rows, "eval/accuracy") == ([0, 1], [0.1, 0.3])
+    assert step_series(rows, "eval_explore/accuracy") == ([0, 1], [0.2, 0.4])
+    panel = next(ax for ax in run_figure(rows).axes if ax.get_title() == "answer accuracy")
+    assert {line.get_label(): list(line.get_ydata()) for line in panel.lines} == {
+        "accuracy": [0.5], "eval/accuracy": [0.1, 0.3], "eval_explore/accuracy": [0.2, 0.4]}

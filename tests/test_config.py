@@ -60,6 +60,40 @@ def test_bad_values_are_one_line_errors(overrides, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_extra_held_out_tasks_from_a_file_or_the_command_line_round_trip(tmp_path):
+    from replrl.config import ExtraEval
+
+    path = tmp_path / "c.toml"
+    path.write_text('[run]\nextra_eval = [{name = "explore", level = 0, n = 100}, {name = "tests.toy:EchoTask", '
+                    'label = "echo", rollout = {max_lines = 2}}]\n')
+    cfg = resolve(Config, str(path), {})
+    assert cfg.run.extra_evals() == [ExtraEval("explore", {"name": "explore", "level": 0}, 100, {}),
+                                     ExtraEval("echo", {"name": "tests.toy:EchoTask"}, 100, {"max_lines": 2})]
+    saved = tmp_path / "config.toml"
+    saved.write_text(to_toml(cfg))
+    assert resolve(Config, str(saved), {}) == cfg
+    flag = resolve(Config, None, {"run": {"extra_eval": '[{"name": "explore", "n": 3}]'}})  # --run.extra_eval=JSON
+    assert flag.run.extra_evals() == [ExtraEval("explore", {"name": "explore"}, 3, {})]
+    assert Config().run.extra_evals() == []
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([{"level": 0}], 'run.extra_eval[0] needs a task name, e.g. {name = "explore", level = 0, n = 100}'),
+    ([{"name": "explore", "lvl": 0}], "run.extra_eval[0]: 'lvl' is not a [task] field, n, label or rollout"),
+    ([{"name": "explore", "level": 9}], "run.extra_eval[0]: task.level must be between 0 and 5"),
+    ([{"name": "explore", "n": 0}], "run.extra_eval[0]: n must be an integer >= 1; got 0"),
+    ([{"name": "my_pkg.tasks:Mine"}], "run.extra_eval[0]: label 'my_pkg.tasks:Mine' must be lower-case letters"),
+    ([{"name": "explore"}, {"name": "explore", "level": 2}], "run.extra_eval[1]: label 'explore' is used twice"),
+    ([{"name": "explore", "rollout": {"temperature": 1.0}}], "rollout must be a table of max_lines"),
+    ([{"name": "explore", "rollout": {"max_lines": 1.5}}], "rollout.max_lines must be an integer > 0; got 1.5"),
+    (["explore"], "run.extra_eval must be dict; got 'explore'"),  # the type check comes first
+])
+def test_bad_extra_held_out_tasks_are_one_line_errors(extra, message):
+    with pytest.raises(ConfigError) as err:
+        resolve(Config, None, {"run": {"extra_eval": extra}})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_bad_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_file(tmp_path / "missing.toml")

@@ -380,6 +380,55 @@ def test_held_out_on_another_task_config_and_a_transfer_task(format_model_dir, t
     assert max(json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()) == 1
 
 
+def test_extra_held_out_tasks_are_evaluated_before_and_after_under_their_own_limits(format_model_dir, tmp_path):
+    """run.extra_eval adds held-out tasks beside the first: a one-step run evaluates the echo task and 3 `explore`
+    problems of every level (their data loaded by the task's setup), before and after, logging the second as
+    eval_explore/<m> (per level too) under explore's own rollout limits (the table's max_lines over them); `replrl
+    compare` and the sweep's completion check see it; a run killed during that evaluation finishes it on resume."""
+    from replrl.compare import compare
+    from replrl.sweep import Run, _evaluated_at
+
+    cfg = toy_config(format_model_dir, max_steps=1, eval_n=4,
+                     extra_eval=[{"name": "explore", "level": 0, "n": 3, "rollout": {"max_lines": 2}}])
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    held = trainer.held_out[1]
+    assert (held.label, held.task.name, held.n) == ("eval_explore", "explore", 3)
+    # explore's rollout_defaults (16 lines, 2048 tokens, 128 of output), then the table's max_lines
+    assert (held.cfg.rollout.max_lines, held.cfg.rollout.max_total_tokens, held.cfg.rollout.max_output_tokens) == \
+        (2, 2048, 128)
+    assert held.cfg.rollout.temperature == cfg.rollout.temperature and held.cfg.task.seed == cfg.task.seed
+    assert trainer.held_out[0].cfg.rollout.max_lines == 3  # the first held-out task keeps the training limits
+    trainer.train()
+    rows = read_metrics(tmp_path / "run")
+    extra = [r for r in rows if "eval_explore/accuracy" in r]
+    assert [r["step"] for r in extra] == [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1]
+    assert [r["eval_explore/episodes"] for r in extra] == [3, 3] and all(r["eval_explore/wall_s"] > 0 for r in extra)
+    assert all(not any(k.startswith("eval/") for k in r) for r in extra)  # a row of its own
+    levels = {row["level"] for row in held.task.rows("test")[:3]}  # accuracy per level of the problems evaluated
+    assert {k for k in extra[0] if "accuracy_level" in k} == {f"eval_explore/accuracy_level{k}" for k in levels}
+    samples = [json.loads(line) for line in (tmp_path / "run" / "eval_samples.jsonl").read_text().splitlines()]
+    explore = [s for s in samples if s["eval"] == "eval_explore"]
+    assert [s["step"] for s in explore] == [0] * 3 + [1] * 3 and {s["task"] for s in explore} == {"explore"}
+    assert all(len(s["lines"]) <= 2 for s in explore)
+    assert trainer.evals["eval_explore_before"]["episodes"] == trainer.evals["eval_explore_after"]["episodes"] == 3
+    assert "eval_explore (3 problems of explore test):" in trainer.summary()
+    _, table = compare(tmp_path / "run")
+    assert table.explore_accuracy_mean.iloc[0] == extra[-1]["eval_explore/accuracy"]
+    run = Run("v", 0, tmp_path / "run", cfg, [])
+    assert _evaluated_at(run, rows, 1)
+    assert not _evaluated_at(run, [r for r in rows if "eval_explore/accuracy" not in r or r["step"] == 0], 1)
+
+    # killed during the explore evaluation after step 1: the resumed run does it (only it) again
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in rows if "eval_explore/accuracy" not in r or r["step"] == 0))
+    resumed = Trainer(cfg, tmp_path / "run", resume=True, progress=False)
+    assert resumed.evals["eval_explore_before"]["accuracy"] == extra[0]["eval_explore/accuracy"]
+    resumed.train()
+    again = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in again if "eval_explore/accuracy" in r] == [0, 1]
+    assert [r for r in again if "eval/accuracy" in r] == [r for r in rows if "eval/accuracy" in r]
+
+
 def record_eval_waves(monkeypatch) -> list[list[int]]:
     """The rows of every wave that held-out evaluations sample from now on (one list per rollout call)."""
     import replrl.evaluation
