@@ -85,13 +85,13 @@ def test_the_first_groups_with_a_contrast_are_kept_in_the_order_drawn():
 def test_wave_figures():
     # wave 1: 2 groups, 10 s, neither kept -> 10 s discarded; wave 2: 2 groups, 6 s, group 2 kept, group 3 not
     # -> 3 s discarded. 4 groups of 4 episodes drawn for 1 kept group: 16 episodes per kept group
-    waves = [WaveRecord([False, False], 10.0), WaveRecord([True, False], 6.0)]
+    waves = [WaveRecord([False, False], 10.0, [4, 4]), WaveRecord([True, False], 6.0, [4, 4])]
     m = wave_metrics(waves, kept=[2], group_size=4, bound_reached=True)
     assert m == {"dynsamp/waves": 2.0, "dynsamp/groups_drawn": 4.0, "dynsamp/groups_kept": 1.0,
-                 "dynsamp/discarded_rollout_s": 13.0, "dynsamp/bound_reached": 1.0,
+                 "dynsamp/discarded_rollout_s": 13.0, "dynsamp/bound_reached": 1.0, "dynsamp/short_groups_kept": 0.0,
                  "dynsamp/episodes_per_kept_group": 16.0}
     # nothing kept but a filler group without contrast: 0 kept, no ratio, the filler's wave share is not discarded
-    m = wave_metrics([WaveRecord([False, False], 8.0)], kept=[0], group_size=4, bound_reached=True)
+    m = wave_metrics([WaveRecord([False, False], 8.0, [4, 4])], kept=[0], group_size=4, bound_reached=True)
     assert m["dynsamp/groups_kept"] == 0 and m["dynsamp/discarded_rollout_s"] == 4.0
     assert "dynsamp/episodes_per_kept_group" not in m
 
