@@ -100,13 +100,13 @@ def test_groups_are_split_where_the_group_id_changes():
 
 
 def test_wave_figures_count_a_short_tree_by_its_leaves():
-    # wave 1 (8 s): a short tree of 2 leaves with a contrast (kept), a whole one without (dropped: 4 of the wave's 6
-    # episodes -> 8 * 4 / 6 s); wave 2 (6 s): two whole trees with a contrast, the first kept, the second not
-    # needed (4 of 8 episodes -> 3 s). 14 episodes drawn for 2 kept groups: 7 each; one kept group is short.
-    waves = [WaveRecord([True, False], 8.0, [2, 4]), WaveRecord([True, True], 6.0, [4, 4])]
+    # the worked example of docs/dynamic-sampling.md (trees). Wave 1 (30 s): tree A, short (2 leaves), with a
+    # contrast: kept; tree B, 4 leaves, without: dropped (4 of the wave's 6 leaves -> 20 s). Wave 2 (20 s): trees C
+    # and D, both with a contrast; C is kept, D not needed (4 of 8 leaves -> 10 s). 14 leaves for 2 kept trees.
+    waves = [WaveRecord([True, False], 30.0, [2, 4]), WaveRecord([True, True], 20.0, [4, 4])]
     m = wave_metrics(waves, kept=[0, 2], group_size=4, bound_reached=False)
     assert m == {"dynsamp/waves": 2.0, "dynsamp/groups_drawn": 4.0, "dynsamp/groups_kept": 2.0,
-                 "dynsamp/discarded_rollout_s": pytest.approx(8 * 4 / 6 + 3.0), "dynsamp/bound_reached": 0.0,
+                 "dynsamp/discarded_rollout_s": pytest.approx(30.0), "dynsamp/bound_reached": 0.0,
                  "dynsamp/short_groups_kept": 1.0, "dynsamp/episodes_per_kept_group": 7.0}
 
 
@@ -203,3 +203,18 @@ def test_a_tree_short_of_leaves_is_kept_with_the_leaves_it_has(two_line_model_di
     # the short tree trains with the leaves it has (one right, one wrong): its advantages are not zero
     assert any(len(g) == 2 and sorted(bool(t.correct) for t in g) == [False, True] for g in groups)
     assert row["backward_skipped_frac"] < 1
+
+
+def test_without_dynamic_sampling_short_trees_are_counted_by_their_own_leaves(two_line_model_dir, tmp_path):
+    # groups_with_contrast (logged with dynamic sampling off too) groups leaves by their tree, not every group_size
+    # episodes: three trees of 2 leaves are three groups (split every 4 episodes, 6 leaves were an error)
+    cfg = tree_config(two_line_model_dir, branch_at=[2], dynamic_sampling=False, problems_per_step=3)
+    _, (result,) = train(cfg, tmp_path / "run")
+    (row,) = read_metrics(tmp_path / "run")
+    trees: dict[int, list[Trajectory]] = {}
+    for t in result.trajectories:
+        trees.setdefault(t.group, []).append(t)
+    assert len(trees) == 3 and row["episodes"] == len(result.trajectories) == 6 and row["data_position"] == 3
+    assert all(len({t.row for t in g}) == 1 for g in trees.values())
+    assert row["groups_with_contrast"] == sum(group_has_contrast(g) for g in trees.values())
+    assert not any(k.startswith("dynsamp/") for k in row)
