@@ -75,17 +75,10 @@ def group_has_contrast(group: Sequence[Trajectory], signal: str = "outcome") -> 
     return has_contrast([fn(t) for t in group])
 
 
-def split_groups(trajs: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
-    """Episodes as the rollout returns them (``group_size`` consecutive episodes per problem) -> one list per group."""
-    if len(trajs) % group_size:
-        raise ValueError(f"{len(trajs)} episodes do not split into groups of {group_size}")
-    return [list(trajs[i:i + group_size]) for i in range(0, len(trajs), group_size)]
-
-
 def split_by_group(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
     """Episodes of one rollout call (grouped in order, ``traj.group`` set: flat episodes or tree leaves) -> one list
     per group, split where the group id changes: a tree group may hold fewer leaves than ``group_size``, so a fixed
-    stride (``split_groups``) would cut across groups."""
+    stride of ``group_size`` episodes would cut across groups."""
     groups: list[list[Trajectory]] = []
     for t in trajs:
         if not groups or groups[-1][0].group != t.group:

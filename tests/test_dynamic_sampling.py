@@ -20,7 +20,7 @@ from replrl.dynamic_sampling import (
     group_has_contrast,
     has_contrast,
     select_groups,
-    split_groups,
+    split_by_group,
     wave_metrics,
 )
 from replrl.metrics import read_metrics
@@ -77,9 +77,10 @@ def test_the_first_groups_with_a_contrast_are_kept_in_the_order_drawn():
     # none at all: one group without contrast (zero advantage) per process, the earliest drawn
     assert select_groups([False, False, False], want=2, at_least=2) == [0, 1]
     assert select_groups([False, True, False], want=2, at_least=2) == [0, 1]
-    assert split_groups(list(range(6)), 3) == [[0, 1, 2], [3, 4, 5]]
-    with pytest.raises(ValueError):
-        split_groups(list(range(5)), 2)
+    episodes = [episode(0.0) for _ in range(6)]
+    for k, t in enumerate(episodes):
+        t.group = k // 3
+    assert split_by_group(episodes) == [episodes[:3], episodes[3:]]
 
 
 def test_wave_figures():
@@ -157,7 +158,7 @@ def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(f
         assert kept == 2 or row["dynsamp/bound_reached"] == 1
         assert row["dynsamp/episodes_per_kept_group"] == pytest.approx(4 * row["dynsamp/groups_drawn"] / kept)
         assert 0 <= row["dynsamp/discarded_rollout_s"] < row["rollout_s"]
-        groups = split_groups(result.trajectories, 4)
+        groups = split_by_group(result.trajectories)
         assert len(groups) == kept and all(group_has_contrast(g) for g in groups)
         assert all(len({t.row for t in g}) == 1 and {t.group for t in g} == {k} for k, g in enumerate(groups))
     assert rows[-1]["data_position"] == 2 * sum(r["dynsamp/waves"] for r in rows)
@@ -180,4 +181,4 @@ def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(f
     assert again["data_position"] == position + len(drawn)
     assert {t.row for t in second.trajectories} <= {i for i, _ in drawn}
     if again["dynsamp/groups_kept"]:  # (with none, one group without a contrast stands in)
-        assert all(group_has_contrast(g) for g in split_groups(second.trajectories, 4))
+        assert all(group_has_contrast(g) for g in split_by_group(second.trajectories))
