@@ -10,6 +10,7 @@ has a contrast (the model never types 7), one asking for 1 usually does.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,29 @@ def test_without_dynamic_sampling_short_trees_are_counted_by_their_own_leaves(tw
     assert all(len({t.row for t in g}) == 1 for g in trees.values())
     assert row["groups_with_contrast"] == sum(group_has_contrast(g) for g in trees.values())
     assert not any(k.startswith("dynsamp/") for k in row)
+
+
+def test_two_processes_agree_on_the_tree_waves_and_keep_trees_whole(two_line_model_dir, tmp_path):
+    """``accelerate launch`` with 2 CPU processes: each rolls out its share of every wave's trees, every process sees
+    every tree's leaves, so all decide alike; the kept trees are dealt out whole."""
+    from tests.test_multiprocess import launch
+
+    run = tmp_path / "run"
+    done = launch("--run-dir", str(run), "--run.eval_n", "0", "--model.name", str(two_line_model_dir),
+                  "--model.chat_template", "false", "--task.name", "tests.toy:EchoTask", "--rollout.max_lines", "3",
+                  "--rollout.max_line_tokens", "12", "--rollout.temperature", "1.0", "--rollout.dynamic_sampling",
+                  "true", "--rollout.dynamic_sampling_extra_waves", "3", "--tree.branch_at", "[1]",
+                  "--advantages.estimator", "tree")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2], "only the main process writes metrics"
+    waves = 0
+    for r in rows:  # both ranks drew the same waves (else the stream positions, and the collectives, would differ)
+        waves += r["dynsamp/waves"]
+        assert r["data_position"] == 2 * waves
+        assert r["dynsamp/groups_kept"] == 2 or r["dynsamp/bound_reached"] == 1
+        assert r["episodes"] == 4 * r["dynsamp/groups_drawn"]  # every tree of both ranks, 4 leaves each
+        assert r["rank_weight_drift"] == 0.0, "the ranks' weights diverged"
+    # the samples of each step: the first leaf of the first two trees drawn (one per problem)
+    samples = [json.loads(s) for s in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and all(s["tree_nodes"] for s in samples)
