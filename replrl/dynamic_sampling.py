@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .rollout import RolloutStats
 from .types import Trajectory
+
+if TYPE_CHECKING:  # config.py imports this module to check the signal's name: no torch, no sandbox at that point
+    from .rollout import RolloutStats
 
 CONTRAST_TOL = 1e-6
 """Rewards closer than this count as equal (float sums of the same terms can differ in the last bit, and a
@@ -138,6 +141,8 @@ def merge_wave_stats(waves: Sequence[tuple[RolloutStats, int]]) -> RolloutStats:
     by each wave's leaves, generated against held tokens from the summed tokens, and the replay time per line
     weighted by each wave's replays (a wave reports its mean, not its replayed lines: exact for one wave, and for
     waves whose replays replay equally many lines)."""
+    from .rollout import RolloutStats
+
     out = RolloutStats()
     for stats, _ in waves:
         out = out.merge(stats)
