@@ -121,7 +121,9 @@ class RolloutConfig:
     """Dynamic sampling (DAPO's): a step draws problems in waves of problems_per_step until it holds problems_per_step
     groups whose rewards are not all equal (see dynamic_sampling_signal), or dynamic_sampling_extra_waves is spent;
     it then trains on those groups only. Costs more rollouts per step, spends no update on groups with nothing to
-    learn (docs/dynamic-sampling.md). Off: one wave, every group trained on, as before."""
+    learn (docs/dynamic-sampling.md). Off: one wave, every group trained on, as before. With tree rollouts
+    (tree.branch_at) a group is a tree's leaves; a tree with fewer leaves than group_size is judged and kept with
+    the leaves it has."""
     dynamic_sampling_extra_waves: int = 3
     """With dynamic_sampling: waves a step may draw beyond the first (the bound). When it is spent, the step trains on
     the groups with a contrast it holds (dynsamp/bound_reached = 1)."""
@@ -432,9 +434,6 @@ class Config:
     def __post_init__(self) -> None:
         if self.advantages.estimator == "state" and not self.rollout.state_digest:
             raise ConfigError("advantages.estimator = state needs rollout.state_digest = true")
-        if self.tree.branch_at and self.rollout.dynamic_sampling:
-            raise ConfigError("tree rollouts and rollout.dynamic_sampling do not work together yet (a tree group may "
-                              "have fewer leaves than group_size); switch one off")
         if self.tree.branch_at and self.tree.leaves != self.rollout.group_size:
             raise ConfigError(f"tree: roots * width ** len(branch_at) = {self.tree.leaves} leaves per problem, but "
                               f"rollout.group_size is {self.rollout.group_size}: make them equal")

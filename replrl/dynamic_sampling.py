@@ -5,7 +5,14 @@ A group-relative advantage is zero on every episode of a group whose rewards are
 such a group costs a full rollout and teaches nothing. With ``rollout.dynamic_sampling`` a step draws problems in
 waves of ``problems_per_step`` until it holds ``problems_per_step`` groups with a contrast, or the bound on extra
 waves is spent, and trains on those. The decision is a small function over a group's rewards (``has_contrast``), so
-any group shape plugs in: GRPO's episodes of one problem, or the leaves of a tree.
+any group shape plugs in: GRPO's episodes of one problem, or the leaves of a tree (``tree.branch_at``: a tree whose
+leaves all got the same reward has nothing to teach either).
+
+A tree group can hold fewer leaves than ``group_size`` (every episode ended before its last branch point). Such a
+group is judged like any other, on the leaves it has, and kept with its real leaf count when they differ: the
+estimators normalise within a group of any size and the loss averages over whatever episodes a batch holds, so it
+trains as an ordinary, smaller GRPO group. (A group of one leaf compares with nothing: never a contrast.) The figures
+count the episodes a group really has (``WaveRecord.episodes``).
 
 The trainer runs the waves (it owns the problem stream, the sampler and the ranks); this module holds the pure
 parts: which reward is compared (``CONTRAST_SIGNALS``), whether a group has a contrast, which groups a step keeps,
@@ -16,8 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .types import Trajectory
+
+if TYPE_CHECKING:  # config.py imports this module to check the signal's name: no torch, no sandbox at that point
+    from .rollout import RolloutStats
 
 CONTRAST_TOL = 1e-6
 """Rewards closer than this count as equal (float sums of the same terms can differ in the last bit, and a
@@ -67,16 +78,15 @@ def group_has_contrast(group: Sequence[Trajectory], signal: str = "outcome") -> 
     return has_contrast([fn(t) for t in group])
 
 
-def split_groups(trajs: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
-    """Episodes as one process's rollout returns them (a group's episodes consecutive, sharing ``traj.group``) -> one
-    list per group. A group holds at most ``group_size`` episodes; a tree group may hold fewer (no episode was alive
-    at its last branch point: ``tree/leaf_shortfall``), so groups are told apart by their id, not by counting."""
+def split_by_group(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """Episodes of one rollout call (grouped in order, ``traj.group`` set: flat episodes or tree leaves) -> one list
+    per group, split where the group id changes: a tree group may hold fewer leaves than ``group_size``, so a fixed
+    stride of ``group_size`` episodes would cut across groups."""
     groups: list[list[Trajectory]] = []
     for t in trajs:
-        if groups and groups[-1][0].group == t.group and len(groups[-1]) < group_size:
-            groups[-1].append(t)
-        else:
-            groups.append([t])
+        if not groups or groups[-1][0].group != t.group:
+            groups.append([])
+        groups[-1].append(t)
     return groups
 
 
@@ -92,28 +102,65 @@ def select_groups(contrast: Sequence[bool], want: int, at_least: int = 1) -> lis
 
 @dataclass
 class WaveRecord:
-    """One wave of a step, over every process: its groups' contrast flags and its rollout wall time."""
+    """One wave of a step, over every process: its groups' contrast flags, its rollout wall time, and each group's
+    episodes (``group_size`` for flat groups; a tree's leaves, fewer when it fell short)."""
 
     contrast: list[bool]
     wall_s: float
+    episodes: list[int]
 
 
 def wave_metrics(waves: Sequence[WaveRecord], kept: Sequence[int], group_size: int,
                  bound_reached: bool) -> dict[str, float]:
     """The step's figures (``dynsamp/...``). ``kept``: indices of the groups trained on, over all waves in order.
-    The rollout time of a wave is shared equally by its groups (they run at once), so the time spent on discarded
-    groups is each wave's wall time times the share of its groups the step did not keep."""
+    A wave's groups run at once, so its rollout time is shared by its episodes (equally by its groups when they are
+    all whole): the time spent on discarded groups is each wave's wall time times the share of its episodes the step
+    did not keep. ``group_size``: what a whole group holds (kept groups with fewer episodes are counted)."""
     flags = [c for w in waves for c in w.contrast]
+    sizes = [n for w in waves for n in w.episodes]
     kept_set, start, discarded_s = set(kept), 0, 0.0
     for w in waves:
         n = len(w.contrast)
-        dropped = sum(1 for i in range(start, start + n) if i not in kept_set)
-        discarded_s += w.wall_s * dropped / max(n, 1)
+        dropped = sum(w.episodes[i - start] for i in range(start, start + n) if i not in kept_set)
+        discarded_s += w.wall_s * dropped / max(sum(w.episodes), 1)
         start += n
-    kept_contrast = sum(1 for i in kept if flags[i])
+    kept_contrast = [i for i in kept if flags[i]]
     out = {"dynsamp/waves": float(len(waves)), "dynsamp/groups_drawn": float(len(flags)),
-           "dynsamp/groups_kept": float(kept_contrast), "dynsamp/discarded_rollout_s": discarded_s,
-           "dynsamp/bound_reached": float(bound_reached)}
+           "dynsamp/groups_kept": float(len(kept_contrast)), "dynsamp/discarded_rollout_s": discarded_s,
+           "dynsamp/bound_reached": float(bound_reached),
+           "dynsamp/short_groups_kept": float(sum(sizes[i] < group_size for i in kept_contrast))}
     if kept_contrast:  # absent when nothing was kept: episodes per nothing is not a number
-        out["dynsamp/episodes_per_kept_group"] = len(flags) * group_size / kept_contrast
+        out["dynsamp/episodes_per_kept_group"] = sum(sizes) / len(kept_contrast)
+    return out
+
+
+def merge_wave_stats(waves: Sequence[tuple[RolloutStats, int]]) -> RolloutStats:
+    """The rollout statistics of a step's waves, ``(stats, episodes)`` each, as one rollout's: times and counts add
+    up (``tree/branch_points``, ``tree/replays``, ``tree/leaf_shortfall``, ...), the backends' maxima
+    (``gen_max_*``) take the largest, and the tree's ratios are recomputed over every wave: tokens per leaf weighted
+    by each wave's leaves, generated against held tokens from the summed tokens, and the replay time per line
+    weighted by each wave's replays (a wave reports its mean, not its replayed lines: exact for one wave, and for
+    waves whose replays replay equally many lines)."""
+    from .rollout import RolloutStats
+
+    out = RolloutStats()
+    for stats, _ in waves:
+        out = out.merge(stats)
+    extra = out.extra
+    for k in extra:
+        if k.startswith("gen_max_"):
+            extra[k] = max(s.extra.get(k, 0.0) for s, _ in waves)
+    if "tree/generated_tokens_per_leaf" in extra:
+        leaves = sum(n for _, n in waves)
+        generated = sum(s.extra.get("tree/generated_tokens_per_leaf", 0.0) * n for s, n in waves)
+        held = sum(s.extra.get("tree/leaf_tokens_per_leaf", 0.0) * n for s, n in waves)
+        replays = sum(s.extra.get("tree/replays", 0.0) for s, _ in waves)
+        replay_ms = sum(s.extra.get("tree/replay_ms_per_line", 0.0) * s.extra.get("tree/replays", 0.0)
+                        for s, _ in waves)
+        extra.update({
+            "tree/generated_tokens_per_leaf": generated / max(leaves, 1),
+            "tree/leaf_tokens_per_leaf": held / max(leaves, 1),
+            "tree/generated_vs_leaf_tokens": generated / max(held, 1),
+            "tree/replay_ms_per_line": replay_ms / replays if replays else 0.0,
+        })
     return out

@@ -2,6 +2,7 @@
 
     1. sample problems          (a seeded permutation of the training split; the position is checkpointed)
     2. group rollouts           (group_size episodes per problem, all at once: rollout.py)
+       (tree.branch_at: each group is a tree whose leaves are its episodes: tree.py)
        (rollout.dynamic_sampling: 1-2 in waves until enough groups have a contrast: dynamic_sampling.py)
     3. rewards                  (per line, attached during the rollout: rewards.py; totals per episode here)
     4. advantages               (outcome or per-line estimator: advantages.py)
@@ -50,8 +51,9 @@ from .dynamic_sampling import (
     WAVE_SEED_STRIDE,
     WaveRecord,
     group_has_contrast,
+    merge_wave_stats,
     select_groups,
-    split_groups,
+    split_by_group,
     wave_metrics,
 )
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
@@ -414,26 +416,22 @@ class Trainer:
         rewards = self.rewards.at(self.step)  # scheduled weights: those of this step
         self.model.eval()  # the policy samples in eval mode, without gradients
         if cfg.rollout.dynamic_sampling:  # 1-2 in waves, until the step holds enough groups with a contrast
-            trajs, every_rank, stats, wave_stats = self._rollout_waves(pool, rewards)
+            trajs, groups, stats, wave_stats = self._rollout_waves(pool, rewards)
         else:
             # 1. sample problems (every rank draws the same ones and keeps its share: whole groups stay on one rank)
             problems = self.problems.take(cfg.rollout.problems_per_step)[self.rank::self.world]
-            # 2. group rollouts
+            # 2. group rollouts (a tree's group is its leaves: group_size of them, or fewer when it fell short)
             trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
                                             self.rules, group_size=cfg.rollout.group_size,
                                             chat_template=cfg.model.chat_template, tree=self.tree))
-            every_rank, wave_stats = gather_object(trajs) if self.world > 1 else trajs, {}
+            groups, wave_stats = gather_object(split_by_group(trajs)) if self.world > 1 else split_by_group(trajs), {}
+        every_rank = [t for g in groups for t in g]  # every group of every rank, in the order drawn
         t_rollout = time.perf_counter() - t_step
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
         # (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's on the stream)
         metrics = summarize(every_rank, stats)
-        if cfg.rollout.dynamic_sampling:  # every group drawn, over all processes (whole groups: no trees)
-            metrics["groups_with_contrast"] = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
-                                                  for g in split_groups(every_rank, cfg.rollout.group_size))
-        else:  # each process's own groups (a tree group may be short: grouped by id), summed over processes
-            mine = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
-                       for g in split_groups(trajs, cfg.rollout.group_size))
-            metrics["groups_with_contrast"] = sum(gather_object([mine])) if self.world > 1 else mine
+        metrics["groups_with_contrast"] = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
+                                              for g in groups)
         metrics.update(wave_stats)
         metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
         # 4. advantages (the estimator takes the options of cfg.advantages it declares)
@@ -466,34 +464,39 @@ class Trainer:
                         "lr": self.scheduler.get_last_lr()[0], "data_position": self.problems.position})
         self.metrics.write(self.step, metrics)
         if self.main and cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
-            self.metrics.samples(self.step, every_rank[:: max(cfg.rollout.group_size, 1)][:2])
+            self.metrics.samples(self.step, [g[0] for g in groups[:2]])
         return StepResult(self.step, metrics, trajs)
 
-    def _rollout_waves(self, pool: KernelPool, rewards: RewardModel) -> tuple[list[Trajectory], list[Trajectory],
+    def _rollout_waves(self, pool: KernelPool, rewards: RewardModel) -> tuple[list[Trajectory],
+                                                                               list[list[Trajectory]],
                                                                                RolloutStats, dict[str, float]]:
         """Stages 1-2 under dynamic sampling: waves of problems_per_step problems (each rank rolls out its share, as
         without it) until problems_per_step groups have a contrast or the bound is spent. Every rank sees every
         group (gathered), so all decide alike; the kept groups are then dealt to the ranks whole, in the order
-        drawn. Returns (this rank's episodes to train on, every episode drawn, rollout stats, dynsamp/ figures)."""
+        drawn. A group is a problem's episodes, or its tree's leaves (possibly fewer than group_size: kept with
+        the leaves it has, see dynamic_sampling.py). Returns (this rank's episodes to train on, every group drawn,
+        this rank's rollout stats over the waves, dynsamp/ figures)."""
         cfg = self.cfg.rollout
         G, want = cfg.group_size, cfg.problems_per_step
         drawn: list[list[Trajectory]] = []  # every group of every wave, over all ranks, in stream order
         waves: list[WaveRecord] = []
-        stats = RolloutStats()
+        parts: list[tuple[RolloutStats, int]] = []  # each wave's rollout stats on this rank, and its episodes
         while True:
             t0 = time.perf_counter()
             problems = self.problems.take(want)[self.rank::self.world]
             trajs, wave_stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards,
                                                  self.wave_sampling(len(waves)), self.rules, group_size=G,
-                                                 chat_template=self.cfg.model.chat_template))
-            stats = stats.merge(wave_stats)
+                                                 chat_template=self.cfg.model.chat_template, tree=self.tree))
+            parts.append((wave_stats, len(trajs)))
+            local_groups = split_by_group(trajs)
+            assert len(local_groups) == len(problems), "every problem has a group (a tree has at least its roots)"
             # local group g is problem rank + g * world of the wave
-            mine = [(self.rank + g * self.world, group) for g, group in enumerate(split_groups(trajs, G))]
+            mine = [(self.rank + g * self.world, group) for g, group in enumerate(local_groups)]
             groups = [group for _, group in sorted(gather_object(mine) if self.world > 1 else mine,
                                                    key=lambda x: x[0])]
             drawn += groups
             waves.append(WaveRecord([group_has_contrast(g, cfg.dynamic_sampling_signal) for g in groups],
-                                    time.perf_counter() - t0))
+                                    time.perf_counter() - t0, [len(g) for g in groups]))
             enough = sum(c for w in waves for c in w.contrast) >= want
             bound = len(waves) > cfg.dynamic_sampling_extra_waves
             if enough or bound or self._any_rank(self._stop):  # Ctrl-C: train on what the step holds
@@ -503,11 +506,12 @@ class Trainer:
         if bound and not enough and self.main:
             log.info("step %d: %d of %d groups with a contrast after %d waves (the bound); training on those",
                      self.step + 1, sum(contrast), want, len(waves))
-        local = [t for j, i in enumerate(kept) if j % self.world == self.rank for t in drawn[i]]
-        for k, t in enumerate(local):  # group ids of this rank's batch (the advantage normalises within them)
-            t.group = k // G
-        every = [t for g in drawn for t in g]
-        return local, every, stats, wave_metrics(waves, kept, G, bound_reached=bound and not enough)
+        mine_kept = [drawn[i] for j, i in enumerate(kept) if j % self.world == self.rank]
+        for k, group in enumerate(mine_kept):  # group ids of this rank's batch (the advantage normalises within them)
+            for t in group:
+                t.group = k
+        local = [t for group in mine_kept for t in group]
+        return local, drawn, merge_wave_stats(parts), wave_metrics(waves, kept, G, bound_reached=bound and not enough)
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
         """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""

@@ -20,7 +20,7 @@ from replrl.dynamic_sampling import (
     group_has_contrast,
     has_contrast,
     select_groups,
-    split_groups,
+    split_by_group,
     wave_metrics,
 )
 from replrl.metrics import read_metrics
@@ -77,32 +77,22 @@ def test_the_first_groups_with_a_contrast_are_kept_in_the_order_drawn():
     # none at all: one group without contrast (zero advantage) per process, the earliest drawn
     assert select_groups([False, False, False], want=2, at_least=2) == [0, 1]
     assert select_groups([False, True, False], want=2, at_least=2) == [0, 1]
-
-
-def test_groups_are_told_apart_by_id_so_a_short_tree_group_splits_right():
-    # the 0.5B tree run crashed at step 3 ("4 episodes do not split into groups of 8"): a tree group whose episodes
-    # all ended before the last branch point has fewer leaves than group_size
-    def eps(*groups):
-        return [Trajectory([], [], [], 0, "", group=g) for g in groups]
-
-    full = eps(0, 0, 0, 1, 1, 1)
-    assert [[t.group for t in g] for g in split_groups(full, 3)] == [[0, 0, 0], [1, 1, 1]]
-    short = eps(0, 0, 0, 1, 2, 2, 2)                        # group 1 kept one leaf of 3
-    assert [[t.group for t in g] for g in split_groups(short, 3)] == [[0, 0, 0], [1], [2, 2, 2]]
-    # processes' groups concatenated: the same local id twice in a row is two groups once one is full
-    assert [len(g) for g in split_groups(eps(0, 0, 0, 0, 0, 0), 3)] == [3, 3]
+    episodes = [episode(0.0) for _ in range(6)]
+    for k, t in enumerate(episodes):
+        t.group = k // 3
+    assert split_by_group(episodes) == [episodes[:3], episodes[3:]]
 
 
 def test_wave_figures():
     # wave 1: 2 groups, 10 s, neither kept -> 10 s discarded; wave 2: 2 groups, 6 s, group 2 kept, group 3 not
     # -> 3 s discarded. 4 groups of 4 episodes drawn for 1 kept group: 16 episodes per kept group
-    waves = [WaveRecord([False, False], 10.0), WaveRecord([True, False], 6.0)]
+    waves = [WaveRecord([False, False], 10.0, [4, 4]), WaveRecord([True, False], 6.0, [4, 4])]
     m = wave_metrics(waves, kept=[2], group_size=4, bound_reached=True)
     assert m == {"dynsamp/waves": 2.0, "dynsamp/groups_drawn": 4.0, "dynsamp/groups_kept": 1.0,
-                 "dynsamp/discarded_rollout_s": 13.0, "dynsamp/bound_reached": 1.0,
+                 "dynsamp/discarded_rollout_s": 13.0, "dynsamp/bound_reached": 1.0, "dynsamp/short_groups_kept": 0.0,
                  "dynsamp/episodes_per_kept_group": 16.0}
     # nothing kept but a filler group without contrast: 0 kept, no ratio, the filler's wave share is not discarded
-    m = wave_metrics([WaveRecord([False, False], 8.0)], kept=[0], group_size=4, bound_reached=True)
+    m = wave_metrics([WaveRecord([False, False], 8.0, [4, 4])], kept=[0], group_size=4, bound_reached=True)
     assert m["dynsamp/groups_kept"] == 0 and m["dynsamp/discarded_rollout_s"] == 4.0
     assert "dynsamp/episodes_per_kept_group" not in m
 
@@ -168,7 +158,7 @@ def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(f
         assert kept == 2 or row["dynsamp/bound_reached"] == 1
         assert row["dynsamp/episodes_per_kept_group"] == pytest.approx(4 * row["dynsamp/groups_drawn"] / kept)
         assert 0 <= row["dynsamp/discarded_rollout_s"] < row["rollout_s"]
-        groups = split_groups(result.trajectories, 4)
+        groups = split_by_group(result.trajectories)
         assert len(groups) == kept and all(group_has_contrast(g) for g in groups)
         assert all(len({t.row for t in g}) == 1 and {t.group for t in g} == {k} for k, g in enumerate(groups))
     assert rows[-1]["data_position"] == 2 * sum(r["dynsamp/waves"] for r in rows)
@@ -191,4 +181,4 @@ def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(f
     assert again["data_position"] == position + len(drawn)
     assert {t.row for t in second.trajectories} <= {i for i, _ in drawn}
     if again["dynsamp/groups_kept"]:  # (with none, one group without a contrast stands in)
-        assert all(group_has_contrast(g) for g in split_groups(second.trajectories, 4))
+        assert all(group_has_contrast(g) for g in split_by_group(second.trajectories))

@@ -145,8 +145,10 @@ def test_tree_config_validates_and_parses_from_the_command_line():
         resolve(Config, None, {"tree": {"branch_at": [2, 4]}, "rollout": {"group_size": 4}})
     with pytest.raises(ConfigError, match="increasing"):
         resolve(Config, None, {"tree": {"branch_at": [4, 2]}})
-    with pytest.raises(ConfigError, match="dynamic_sampling"):
-        resolve(Config, None, {"tree": {"branch_at": [2, 4]}, "rollout": {"group_size": 8, "dynamic_sampling": True}})
+    # trees and dynamic sampling combine (tests/test_dynamic_sampling_tree.py)
+    both = resolve(Config, None, {"tree": {"branch_at": [2, 4]},
+                                  "rollout": {"group_size": 8, "dynamic_sampling": True}})
+    assert both.rollout.dynamic_sampling and both.tree.leaves == 8
     assert resolve(Config, None, {}).tree.branch_at == []  # off by default
 
 
