@@ -317,6 +317,27 @@ def test_shared_weights_file_round_trip_and_removal(tok):
     assert not os.path.exists(shared.path)
 
 
+def test_weight_files_of_trainers_that_are_gone_are_removed(tmp_path):
+    """A trainer killed by SIGKILL (the OOM killer) leaves its /dev/shm weight file: memory held until a restart.
+    The next SharedWeights removes files whose trainer process is gone, and keeps a running trainer's."""
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(gone.stdout)
+    stale = tmp_path / f"replrl-weights-{dead_pid}-abc123"
+    live = tmp_path / f"replrl-weights-{os.getppid()}-def456"
+    other = tmp_path / "replrl-weights-notapid"
+    for f in (stale, live, other):
+        f.write_bytes(b"w" * 64)
+    shared = vllm_backend.SharedWeights([("w", torch.zeros(4))], directory=str(tmp_path))
+    assert not stale.exists() and live.exists() and other.exists()
+    assert os.path.basename(shared.path).startswith(f"replrl-weights-{os.getpid()}-")
+    shared.close()
+
+
 def test_install_check_finds_this_environment_fit():
     """The CPU environment of .ci/vllm_env.sh passes the install check, with a tested version."""
     from replrl.backends.vllm_check import check_vllm, untested

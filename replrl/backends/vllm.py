@@ -191,7 +191,8 @@ class SharedWeights:
         self.table, self.nbytes = weight_table(named)
         shm = "/dev/shm"
         directory = directory or (shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir())
-        fd, self.path = tempfile.mkstemp(prefix="replrl-weights-", dir=directory)
+        remove_stale_weight_files(directory)
+        fd, self.path = tempfile.mkstemp(prefix=f"replrl-weights-{os.getpid()}-", dir=directory)
         self._finalizer = weakref.finalize(self, _unlink, self.path)
         try:
             os.ftruncate(fd, max(self.nbytes, 1))
@@ -210,6 +211,32 @@ class SharedWeights:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def remove_stale_weight_files(directory: str) -> list[str]:
+    """Remove the weight files of trainers that no longer run (``replrl-weights-<pid>-*`` whose process is gone).
+
+    A trainer killed by a signal it cannot catch (SIGKILL: the OOM killer) leaves its file behind, and a file under
+    /dev/shm is memory: 2.5 GB for the 0.5B, held until the machine restarts, which made the next heavy job the OOM
+    killer's next victim. Returns the paths removed."""
+    removed = []
+    for path in Path(directory).glob("replrl-weights-*-*"):
+        pid = path.name.split("-")[2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        _unlink(str(path))
+        removed.append(str(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _unlink(path: str) -> None:
