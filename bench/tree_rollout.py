@@ -156,7 +156,11 @@ def main() -> None:
             return (await replay_ms_per_line(pool, [t for t in leaves if not t.tree_diverged]),
                     await replay_assignments_ms_per_line(pool))
 
-    replay, replay_assignments = run_sync(go())
+    try:
+        replay, replay_assignments = run_sync(go())
+    finally:
+        if hasattr(gen, "close"):  # vLLM: the engine's processes exit now, not at interpreter teardown
+            gen.close()
     flat, tree = totals["flat"], totals["tree"]
     figures = {
         "tree_vs_flat_tokens_generated": tree["generated"] / max(flat["generated"], 1),

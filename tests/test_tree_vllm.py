@@ -165,9 +165,9 @@ def test_tree_has_the_shapes_leaves_and_the_early_end_is_a_leaf(tree):
     assert len(many) == TREE.leaves == 8
     assert all(len(t.tree_nodes) == 2 and t.tree_cuts == [2, 4] and not t.tree_diverged for t in many)
     assert len({t.tree_nodes[0] for t in many}) == 2 and len({tuple(t.tree_nodes) for t in many}) == 4
-    assert all(t.end_reason == "submit" and t.outcome_rewards for t in many)
+    assert all(t.end_reason == "submit" and t.correct for t in many)  # submit(a), a == 1
     # `wrong` submitted at line 1, before the first branch point: its 2 roots are its leaves (6 short, logged)
-    assert len(wrong) == 2 and all(t.tree_nodes == [] and len(t.lines) == 1 for t in wrong)
+    assert len(wrong) == 2 and all(t.tree_nodes == [] and len(t.lines) == 1 and t.correct is False for t in wrong)
     assert metrics["tree/leaf_shortfall"] == 6
     assert metrics["tree/branch_points"] == 2 + 4 and metrics["tree/replays"] == 2 + 4
     assert metrics["tree/replays_diverged"] == 0
@@ -203,7 +203,7 @@ def test_the_prefix_cache_serves_the_childrens_shared_prefixes(tree, flat):
     at_least = 0
     for level, cut in enumerate(TREE.branch_at, start=1):
         # the rows of the level after branch point `level`: one per node of the next branch point, or per leaf
-        rows = ({t.tree_nodes[level]: t for t in many} if level < len(TREE.branch_at) else dict(enumerate(many)))
+        rows = {t.tree_nodes[level]: t for t in many} if level < len(TREE.branch_at) else dict(enumerate(many))
         for t in rows.values():
             computed = t.lines[cut - 1].token_span[1] - 1  # the parent's tokens that went through the model
             at_least += computed // BLOCK * BLOCK
