@@ -29,4 +29,4 @@ elif [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$STAMP"
 fi
 "$PY" -c "import vllm, torch, transformers; print(f'vllm env: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"
-exec "$PY" -m pytest tests/test_backend_vllm.py -rs "$@"
+exec "$PY" -m pytest tests/test_backend_vllm.py tests/test_tree_vllm.py -rs "$@"

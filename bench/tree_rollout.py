@@ -14,6 +14,12 @@ which goes first. Figures (sums over all groups):
   concurrently with each other and with generation (what a training step pays); ``replay_ms_per_line_assignments``:
   20 plain assignments replayed, the floor (the kernel's round trip).
 
+With ``--backend vllm`` (the CPU build of .ci/vllm_env.sh, or a GPU) the engine logs its statistics, and vLLM's own
+prefix-cache counters give ``tree_prefix_cache_hit_rate`` / ``flat_prefix_cache_hit_rate``: of the prompt tokens of
+the rollouts' fresh requests (a row's first line; its later lines continue its request and are not looked up), the
+share found already computed. ``tree_vs_flat_prefill_tokens`` then counts the tokens vLLM computed (prompt tokens not
+found in a cache, plus the sampled tokens fed back), the counterpart of the HF backend's fed tokens.
+
     python bench/tree_rollout.py [--model smollm2-135m-instruct] [--backend hf] [--problems 2] [--repeats 2]
 """
 
@@ -61,6 +67,34 @@ async def replay_ms_per_line(pool: KernelPool, trajs: list, n: int = 8) -> float
     return statistics.median(per_line) if per_line else float("nan")
 
 
+def vllm_opts(backend: str) -> dict:
+    """Engine options for ``load_generator``: vLLM logs its statistics (the prefix-cache counters); none for hf."""
+    return {"engine_args": {"disable_log_stats": False}} if backend == "vllm" else {}
+
+
+def prefix_cache_counters(backend: str) -> tuple[int, int]:
+    """vLLM's prefix-cache counters so far: (prompt tokens of fresh requests looked up, of which found computed);
+    (0, 0) for hf."""
+    if backend != "vllm":
+        return 0, 0
+    from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
+
+    got = {"vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
+    for m in get_metrics_snapshot():
+        if isinstance(m, Counter) and m.name in got:
+            got[m.name] += m.value
+    return got["vllm:prefix_cache_queries"], got["vllm:prefix_cache_hits"]
+
+
+def fed_tokens(extra: dict) -> float:
+    """Tokens the backend put through the model in a rollout: HF's fed tokens; for vLLM, prompt tokens not found
+    computed (in the row's request or the prefix cache) plus the sampled tokens fed back (all but a line's last)."""
+    if "gen_fed_tokens" in extra:
+        return extra["gen_fed_tokens"]
+    return (extra.get("gen_prompt_tokens", 0.0) - extra.get("gen_cached_tokens", 0.0)
+            + extra.get("gen_sampled_tokens", 0.0) - extra.get("gen_requests", 0.0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -84,9 +118,10 @@ def main() -> None:
     task = task_from_config(cfg)
     rows = [(i, task.rows(cfg.task.train_split)[i]) for i in range(args.problems)]
     model, tokenizer = load_policy(cfg.model, seed=0)
-    gen = load_generator(cfg.model.backend, model, tokenizer)
+    gen = load_generator(cfg.model.backend, model, tokenizer, **vllm_opts(cfg.model.backend))
     rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
-    totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0} for k in ("flat", "tree")}
+    totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0, "lookups": 0, "hits": 0}
+              for k in ("flat", "tree")}
     in_tree: list[float] = []
     leaves: list = []
 
@@ -98,6 +133,7 @@ def main() -> None:
                     order = ("flat", "tree") if (rep + p) % 2 == 0 else ("tree", "flat")
                     for kind in order:
                         await pool.wait_full()  # both start from a full warm pool
+                        cache_before = prefix_cache_counters(args.backend)
                         t0 = time.perf_counter()
                         trajs, stats = await rollout(gen, pool, task, [row], rewards, sampling, rules,
                                                      group_size=shape.leaves, chat_template=cfg.model.chat_template,
@@ -105,7 +141,10 @@ def main() -> None:
                         tot = totals[kind]
                         tot["wall"] += time.perf_counter() - t0
                         tot["generated"] += stats.model_tokens  # a tree counts its shared prefixes once
-                        tot["fed"] += stats.extra.get("gen_fed_tokens", 0.0)
+                        tot["fed"] += fed_tokens(stats.extra)
+                        cache_after = prefix_cache_counters(args.backend)
+                        tot["lookups"] += cache_after[0] - cache_before[0]
+                        tot["hits"] += cache_after[1] - cache_before[1]
                         tot["leaves"] += len(trajs)
                         tot["lines"] += sum(len(t.lines) for t in trajs)
                         if kind == "tree":
@@ -117,7 +156,11 @@ def main() -> None:
             return (await replay_ms_per_line(pool, [t for t in leaves if not t.tree_diverged]),
                     await replay_assignments_ms_per_line(pool))
 
-    replay, replay_assignments = run_sync(go())
+    try:
+        replay, replay_assignments = run_sync(go())
+    finally:
+        if hasattr(gen, "close"):  # vLLM: the engine's processes exit now, not at interpreter teardown
+            gen.close()
     flat, tree = totals["flat"], totals["tree"]
     figures = {
         "tree_vs_flat_tokens_generated": tree["generated"] / max(flat["generated"], 1),
@@ -126,6 +169,8 @@ def main() -> None:
         "replay_ms_per_line_in_tree": statistics.median(in_tree),
         "replay_ms_per_line_assignments": replay_assignments,
         "tree_vs_flat_prefill_tokens": tree["fed"] / flat["fed"] if flat["fed"] else None,
+        "tree_prefix_cache_hit_rate": tree["hits"] / tree["lookups"] if tree["lookups"] else None,
+        "flat_prefix_cache_hit_rate": flat["hits"] / flat["lookups"] if flat["lookups"] else None,
         "flat_lines_per_episode": flat["lines"] / max(flat["leaves"], 1),
         "tree_lines_per_leaf": tree["lines"] / max(tree["leaves"], 1),
         "tree_leaves_per_group": tree["leaves"] / (args.repeats * len(rows)),
