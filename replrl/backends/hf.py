@@ -7,6 +7,10 @@ prefilling a 40-token traceback rides along in the same step as the rows decodin
 taking steps of its own or making every row pay for 40 columns (``bench/packed_step.py`` measures both). The
 logits equal those of one plain forward pass over each row's tokens.
 
+A row can be forked between two lines (``HFSession.fork``, for tree rollouts): the new rows get copies of its
+cache rows (``PackedKV.fork``, a memory copy on the worker thread before the next forward) instead of prefilling
+the shared prefix again, and join the running steps at once.
+
 Threading: all row bookkeeping lives on the event loop thread; tensors (cache, forward, sampling) live on one
 worker thread. The loop thread plans a step (which tokens each row feeds, who samples), the worker runs it, the
 loop thread applies the sampled tokens and resolves the finished lines' futures. A row whose line just ended is
@@ -20,7 +24,7 @@ import asyncio
 import inspect
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +60,10 @@ class _Batch:
     def free(self, slots: list[int]) -> None:
         for slot in slots:
             self.cache.free(slot)
+
+    def fork(self, forks: list[tuple[int, list[int]]]) -> int:
+        """Copy each source row's cache into its new rows; returns the tokens copied (all rows together)."""
+        return sum(self.cache.fork(src, dsts) * len(dsts) for src, dsts in forks)
 
     def forward(self, feed: dict[int, list[int]], keep: list[int]) -> torch.Tensor:
         """Feed row ``slot`` the tokens ``feed[slot]`` (rows in order); returns the next-token logits [K, V] of the
@@ -100,6 +108,8 @@ class _Row:
 class _StepPlan:
     free_slots: list[int]
     """Finished rows whose caches are released first."""
+    forks: list[tuple[int, list[int]]]
+    """Rows forked since the last step: (source row, new rows); their caches are copied before the forward."""
     feed: dict[int, list[int]]
     """Per row (in order) with tokens this step: the tokens fed."""
     sample_rows: list[int]
@@ -120,6 +130,7 @@ class HFSession:
         self._line_end = line_end_ids(gen.tokenizer)
         self._eos = eos_ids(gen.tokenizer, getattr(gen.model, "generation_config", None))
         self._rows = [_Row(list(p), self._row_generator(i)) for i, p in enumerate(prompts)]
+        self._forks: list[tuple[int, list[int]]] = []
         self._batch = _Batch(gen.model, len(prompts), gen.device)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -127,10 +138,12 @@ class HFSession:
         self._error: BaseException | None = None
         self._last_step_s = 0.0
         self.stats = {"steps": 0, "fed_tokens": 0, "max_step_tokens": 0, "sampled_tokens": 0, "rows_freed": 0,
-                      "worker_s": 0.0, "forward_s": 0.0, "loop_s": 0.0, "join_wait_s": 0.0}
+                      "worker_s": 0.0, "forward_s": 0.0, "loop_s": 0.0, "join_wait_s": 0.0, "forked_rows": 0,
+                      "forked_tokens": 0, "fork_s": 0.0}
         """Counters: forward steps, real tokens fed (all of them, no padding exists), the most fed in one step,
         tokens sampled, caches released, seconds in the worker step / in model.forward / planning and applying on
-        the loop thread / waiting for rows to come back from executing their line."""
+        the loop thread / waiting for rows to come back from executing their line; rows forked, the cached tokens
+        copied for them (fed to no forward), seconds copying."""
 
     def _row_generator(self, i: int) -> torch.Generator:
         g = torch.Generator(device=self._gen.device)
@@ -160,6 +173,30 @@ class HFSession:
             self._task = loop.create_task(self._engine())
         self._wake.set()
         return await row.future
+
+    def fork(self, i: int, keys: Sequence[int]) -> list[int]:
+        """New rows, one per key, that go on from row ``i``'s context as it stands between two lines (no pending
+        request): its KV cache rows are copied (on the worker thread, before the next forward), not computed again,
+        and the tokens it has not fed yet are theirs too. A key names a new row's random stream (with the session's
+        seed), so a row's samples do not depend on when it was forked. Returns the new rows' indices."""
+        if self._error is not None:
+            raise RuntimeError(f"generation failed: {self._error!r}") from self._error
+        if self._closed:
+            raise RuntimeError("session is closed")
+        row = self._rows[i]
+        if row.finished:
+            raise ValueError(f"row {i} is finished")
+        if row.future is not None:
+            raise RuntimeError(f"row {i} has a pending next_line request: fork it between two lines")
+        new = []
+        for key in keys:
+            new.append(len(self._rows))
+            self._rows.append(_Row(list(row.pending), self._row_generator(key)))
+        if new:
+            self._forks.append((i, new))
+        if self._wake is not None:
+            self._wake.set()
+        return new
 
     def finish(self, i: int) -> None:
         row = self._rows[i]
@@ -250,7 +287,8 @@ class HFSession:
             extra = min(f - counts[i], spare)
             counts[i] += extra
             spare -= extra
-        plan = _StepPlan(free, {}, [], [], [])
+        plan = _StepPlan(free, self._forks, {}, [], [], [])
+        self._forks = []
         for i, (row, n) in enumerate(zip(self._rows, counts, strict=True)):
             if not n:
                 continue
@@ -268,6 +306,11 @@ class HFSession:
         batch = self._batch
         with torch.inference_mode():
             batch.free(plan.free_slots)
+            if plan.forks:
+                tf = time.perf_counter()
+                self.stats["forked_tokens"] += batch.fork(plan.forks)
+                self.stats["forked_rows"] += sum(len(dsts) for _, dsts in plan.forks)
+                self.stats["fork_s"] += time.perf_counter() - tf
             t1 = time.perf_counter()
             logits = batch.forward(plan.feed, plan.sample_rows)                   # [S, V]
             t2 = time.perf_counter()
