@@ -6,9 +6,10 @@ which goes first. Figures (sums over all groups):
 
 - ``tree_vs_flat_tokens_generated``: tokens the policy sampled for the tree / for the flat group (target <= 0.8 with
   branch points at lines 2 and 4). The tree samples its shared prefixes once;
-- ``tree_vs_flat_wall``: wall time of the tree rollouts / of the flat ones (target <= 1.0). The tree's levels run one
-  after the other, its children wait for a fresh kernel and a replay, and a backend without a prefix cache (HF)
-  prefills each child's prefix again (``tree_vs_flat_prefill_tokens``: tokens fed to the model, prompt included);
+- ``tree_vs_flat_wall``: wall time of the tree rollouts / of the flat ones (target <= 1.0). A child starts when its
+  parent branches, after a fresh kernel and a replay; on HF it is a row forked from its parent's, whose KV cache
+  rows are copied (``tree_forked_tokens``, ``tree_fork_s``) instead of prefilled again
+  (``tree_vs_flat_prefill_tokens``: tokens fed to the model, prompt included);
 - ``replay_ms_per_line``: one replay at a time into a fresh kernel of the pool, of the tree's leaves' lines, per line
   (target <= 5 ms); ``replay_ms_per_line_in_tree``: the same inside the tree rollouts, where replays run
   concurrently with each other and with generation (what a training step pays); ``replay_ms_per_line_assignments``:
@@ -86,7 +87,8 @@ def main() -> None:
     model, tokenizer = load_policy(cfg.model, seed=0)
     gen = load_generator(cfg.model.backend, model, tokenizer)
     rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
-    totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0} for k in ("flat", "tree")}
+    totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0, "forked": 0.0, "fork_s": 0.0}
+              for k in ("flat", "tree")}
     in_tree: list[float] = []
     leaves: list = []
 
@@ -106,6 +108,8 @@ def main() -> None:
                         tot["wall"] += time.perf_counter() - t0
                         tot["generated"] += stats.model_tokens  # a tree counts its shared prefixes once
                         tot["fed"] += stats.extra.get("gen_fed_tokens", 0.0)
+                        tot["forked"] += stats.extra.get("gen_forked_tokens", 0.0)
+                        tot["fork_s"] += stats.extra.get("gen_fork_s", 0.0)
                         tot["leaves"] += len(trajs)
                         tot["lines"] += sum(len(t.lines) for t in trajs)
                         if kind == "tree":
@@ -126,6 +130,7 @@ def main() -> None:
         "replay_ms_per_line_in_tree": statistics.median(in_tree),
         "replay_ms_per_line_assignments": replay_assignments,
         "tree_vs_flat_prefill_tokens": tree["fed"] / flat["fed"] if flat["fed"] else None,
+        "tree_forked_tokens": tree["forked"], "tree_fork_s": tree["fork_s"],
         "flat_lines_per_episode": flat["lines"] / max(flat["leaves"], 1),
         "tree_lines_per_leaf": tree["lines"] / max(tree["leaves"], 1),
         "tree_leaves_per_group": tree["leaves"] / (args.repeats * len(rows)),
