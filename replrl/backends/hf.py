@@ -301,16 +301,15 @@ class HFSession:
         return plan
 
     def _run_step(self, plan: _StepPlan) -> tuple[list[int], list[float]]:
-        """Worker thread: free, forward, sample."""
+        """Worker thread: fork, free, forward, sample."""
         t0 = time.perf_counter()
         batch = self._batch
         with torch.inference_mode():
-            batch.free(plan.free_slots)
-            if plan.forks:
-                tf = time.perf_counter()
+            if plan.forks:  # before freeing: a source row that finished since its fork still hands its cache on
                 self.stats["forked_tokens"] += batch.fork(plan.forks)
                 self.stats["forked_rows"] += sum(len(dsts) for _, dsts in plan.forks)
-                self.stats["fork_s"] += time.perf_counter() - tf
+                self.stats["fork_s"] += time.perf_counter() - t0
+            batch.free(plan.free_slots)
             t1 = time.perf_counter()
             logits = batch.forward(plan.feed, plan.sample_rows)                   # [S, V]
             t2 = time.perf_counter()
