@@ -15,6 +15,9 @@ which goes first. Figures (sums over all groups):
   concurrently with each other and with generation (what a training step pays); ``replay_ms_per_line_assignments``:
   20 plain assignments replayed, the floor (the kernel's round trip).
 
+One flat rollout of the first problem runs first and is not counted (``--warmup``): the process's first forwards
+and kernels are slower, and the first measured rollout is a flat one.
+
     python bench/tree_rollout.py [--model smollm2-135m-instruct] [--backend hf] [--problems 2] [--repeats 2]
 """
 
@@ -75,6 +78,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-lines", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=1, help="flat rollouts of one problem before measuring, not counted")
     args = ap.parse_args()
 
     shape = TreeShape(args.roots, tuple(args.branch_at), args.width)
@@ -94,6 +98,10 @@ def main() -> None:
 
     async def go() -> float:
         async with KernelPool(size=shape.leaves, limits=cfg.rollout.limits(), tools=task.tools) as pool:
+            for _ in range(args.warmup):  # not counted: the first forwards and kernels of the process are slower
+                await pool.wait_full()
+                await rollout(gen, pool, task, rows[:1], rewards, cfg.rollout.sampling(seed=999_999), rules,
+                              group_size=shape.leaves, chat_template=cfg.model.chat_template)
             for rep in range(args.repeats):
                 for p, row in enumerate(rows):
                     sampling = cfg.rollout.sampling(seed=1000 * rep + p)
