@@ -56,10 +56,16 @@ class TreeShape:
     roots: int
     branch_at: tuple[int, ...]
     width: int
+    rule: str = "fixed"
+    """Where an episode branches when it has executed ``branch_at[k]`` statements: ``fixed``, there; ``lowest_prob``,
+    before the line since its previous branch point (not its first line, and one typed at a ``>>>`` prompt) whose
+    first token had the lowest probability (SPO's cutpoints: the children re-sample the line the policy was least
+    sure of); there when no line qualifies."""
 
     @classmethod
     def from_config(cls, tree_cfg: Any) -> TreeShape:
-        return cls(roots=tree_cfg.roots, branch_at=tuple(tree_cfg.branch_at), width=tree_cfg.width)
+        return cls(roots=tree_cfg.roots, branch_at=tuple(tree_cfg.branch_at), width=tree_cfg.width,
+                   rule=getattr(tree_cfg, "branch_rule", "fixed"))
 
     @property
     def leaves(self) -> int:
@@ -145,7 +151,7 @@ class _Tree:
         self.tok = generator.tokenizer
         self.counters: dict[str, float] = {"branch_points": 0, "replays": 0, "replays_diverged": 0,
                                            "replayed_lines": 0, "replay_s": 0.0, "leaf_shortfall": 0,
-                                           "child_sessions": 0}
+                                           "child_sessions": 0, "cut_lines_back": 0}
         self.groups: list[_Group] = []
         self.leaves: list[_Node] = []
         self.sessions: list[GenSession] = []  # the open ones
@@ -228,14 +234,17 @@ class _Tree:
             self._fill(group)
 
     def _branch(self, node: _Node) -> None:
-        """``node`` stands at its next branch point: it goes on as child 0, and its copies start now."""
+        """``node`` stands at its next branch point: it goes on as child 0, and its copies start now (from the
+        line the rule picked: this one, or an earlier one whose tokens they sample again)."""
         group, last = self.groups[node.group], node.level == len(self.shape.branch_at) - 1
+        cut = branch_line(node.ep.traj, self.shape.rule)
         node.branches.append(node.path)
-        node.ep.traj.tree_cuts.append(len(node.ep.traj.lines))
+        node.ep.traj.tree_cuts.append(cut)
         self.counters["branch_points"] += 1
-        copies = [_copy(node, node.path + (j,)) for j in range(1, self.shape.width)]
+        self.counters["cut_lines_back"] += len(node.ep.traj.lines) - cut
+        copies = [_copy(node, node.path + (j,), cut) for j in range(1, self.shape.width)]
         if last:  # kept for the children that fill the group, should some episodes end before this point
-            group.at_last.append(_copy(node, node.path))
+            group.at_last.append(_copy(node, node.path, cut))
             group.open -= 1
         else:
             group.open += len(copies)
@@ -265,11 +274,15 @@ class _Tree:
             return
         fork = getattr(parent.gen, "fork", None) if parent is not None else None
         if fork is not None:
-            slots = fork(parent.slot, [stream_key(c.group, c.path) for c in children])
+            keys = [stream_key(c.group, c.path) for c in children]
+            cut_back = len(children[0].ep.traj.token_ids) < len(parent.ep.traj.token_ids)
+            # children cut at an earlier line: their context is a prefix of the parent's row's
+            slots = fork(parent.slot, keys, prefix=children[0].ep.traj.token_ids) if cut_back else fork(parent.slot,
+                                                                                                         keys)
             self.open_rows[id(parent.gen)] += len(children)
             for c, slot in zip(children, slots, strict=True):
                 c.gen, c.slot = parent.gen, slot
-                c.ep.env_ids = list(parent.ep.env_ids)  # what the parent's row has not been given yet
+                c.ep.env_ids = [] if cut_back else list(parent.ep.env_ids)  # what the row has not been given yet
         else:
             sampling = self.sampling
             if sampling.seed is not None:
@@ -350,6 +363,7 @@ class _Tree:
             "tree/leaf_tokens_per_leaf": held / n_leaves,
             "tree/generated_vs_leaf_tokens": generated / max(held, 1),
             "tree/child_sessions": counters["child_sessions"],
+            "tree/cut_lines_back": counters["cut_lines_back"] / max(counters["branch_points"], 1),
         })
         return trajs, stats
 
@@ -367,15 +381,40 @@ async def _acquire(pool: KernelPool, task: Task, node: _Node, replay: bool = Fal
     return None
 
 
-def _copy(parent: _Node, path: tuple[int, ...]) -> _Node:
+def branch_line(traj: Trajectory, rule: str) -> int:
+    """The index in ``traj.lines`` where an episode standing at a branch point branches (its children's first
+    line): ``fixed``, the next one; ``lowest_prob``, the line since its previous branch point (not its first line,
+    one typed at a ``>>>`` prompt) whose first token had the lowest log-probability, or the next one when none
+    qualifies."""
+    here = len(traj.lines)
+    if rule == "fixed":
+        return here
+    start = max(traj.tree_cuts[-1] + 1 if traj.tree_cuts else 1, 1)
+    candidates = [j for j in range(start, here) if traj.lines[j].prompt.startswith(">>>")
+                  and traj.lines[j].token_span[1] > traj.lines[j].token_span[0]]
+    if not candidates:
+        return here
+    return min(candidates, key=lambda j: traj.logprobs[traj.lines[j].token_span[0]])
+
+
+def _copy(parent: _Node, path: tuple[int, ...], cut: int | None = None) -> _Node:
     """A child of ``parent`` at its branch point, at ``path``: the same trajectory so far (ids, masks, log-probs,
-    lines, branch points passed), no kernel and no generation row yet."""
+    lines, branch points passed), or its part before line ``cut``; no kernel and no generation row yet."""
     ep = parent.ep
-    child = Episode(traj=copy.deepcopy(ep.traj), env_ids=[], repeats=ep.repeats, submitted=list(ep.submitted),
-                    executed=ep.executed)
+    traj = copy.deepcopy(ep.traj)
+    executed, repeats = ep.executed, ep.repeats
+    if cut is not None and cut < len(traj.lines):  # up to the first token of line `cut` (after its prompt)
+        end = traj.lines[cut].token_span[0]
+        traj.token_ids, traj.loss_mask, traj.logprobs = traj.token_ids[:end], traj.loss_mask[:end], traj.logprobs[:end]
+        traj.lines = traj.lines[:cut]
+        executed = sum(ln.status != "incomplete" for ln in traj.lines)  # a buffered line has not run yet
+        repeats = 0
+        for a, b in zip(traj.lines, traj.lines[1:]):
+            repeats = repeats + 1 if a.code == b.code and b.code.strip() else 0
+    child = Episode(traj=traj, env_ids=[], repeats=repeats, submitted=list(ep.submitted), executed=executed)
     child.traj.timing = {}  # its own setup, generation and execution times
     return _Node(child, parent.group, parent.row_index, parent.row, path=path, level=len(parent.branches),
-                 branches=list(parent.branches), inherited_tokens=sum(ep.traj.loss_mask))
+                 branches=list(parent.branches), inherited_tokens=sum(traj.loss_mask))
 
 
-__all__ = ["TreeShape", "children_per_node", "stream_key", "tree_rollout"]
+__all__ = ["TreeShape", "branch_line", "children_per_node", "stream_key", "tree_rollout"]

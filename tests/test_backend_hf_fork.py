@@ -29,18 +29,21 @@ def tok():
 
 
 def test_forked_cache_rows_give_the_logits_of_a_plain_forward(tok):
-    """Row 1 is forked into rows 2 (a new slot: the row dimension grows from 2 to 4) and 3; then each of rows 1-3
-    is fed different tokens. Each row's logits equal a plain forward over its prefix and its own tokens."""
+    """Row 1 is forked into rows 2 (a new slot: the row dimension grows from 2 to 4) and 3, and its first 5 tokens
+    into row 4 (the row dimension doubles to 8); then each of rows 1-4 is fed different tokens. Each row's logits
+    equal a plain forward over its prefix and its own tokens."""
     model = tiny_model(tok, seed=3)
     batch = _Batch(model, 2, torch.device("cpu"))
     prefix = ids_of(tok, ">>> x = 41\n>>> x + 1\n42\n>>>")
     seen = {0: ids_of(tok, "a b c"), 1: list(prefix)}
     with torch.inference_mode():
         batch.forward(dict(seen), [0, 1])
-        assert batch.fork([(1, [2, 3])]) == 2 * len(prefix)
-        assert batch.cache.n_rows == 4 and batch.cache.lengths == [3, len(prefix), len(prefix), len(prefix)]
-        seen |= {2: list(prefix), 3: list(prefix)}
-        for feed in ({1: [11], 2: [12, 13], 3: [14]}, {0: [15], 2: [16], 3: [17, 18, 19]}):
+        assert batch.fork([(1, [2, 3], None), (1, [4], 5)]) == 2 * len(prefix) + 5
+        assert batch.cache.n_rows == 8 and batch.cache.lengths[:5] == [3, *[len(prefix)] * 3, 5]
+        with pytest.raises(ValueError, match="cached tokens"):
+            batch.fork([(0, [5], 4)])  # row 0 holds 3
+        seen |= {2: list(prefix), 3: list(prefix), 4: prefix[:5]}
+        for feed in ({1: [11], 2: [12, 13], 3: [14], 4: [20, 21]}, {0: [15], 2: [16], 3: [17, 18, 19], 4: [22]}):
             keep = sorted(feed)
             logits = batch.forward(feed, keep)
             for k, slot in enumerate(keep):

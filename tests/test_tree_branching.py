@@ -18,13 +18,14 @@ import torch
 
 from replrl.backends.hf import HFGenerator
 from replrl.backends.sampling import token_masks
-from replrl.config import RewardConfig
+from replrl.config import Config, RewardConfig
+from replrl.configlib import ConfigError, resolve
 from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, rollout, summarize
-from replrl.tree import TreeShape, children_per_node
-from replrl.types import SamplingParams, Trajectory
+from replrl.tree import TreeShape, branch_line, children_per_node
+from replrl.types import Line, SamplingParams, Trajectory
 from sandbox import run_sync
 from tests.scripted import ScriptTask, script_sequences, teach_scripts
 
@@ -92,8 +93,8 @@ class _Session:
 
 
 class _Forkable(_Session):
-    def fork(self, i: int, keys: list[int]) -> list[int]:
-        rows = self.inner.fork(i, keys)
+    def fork(self, i: int, keys: list[int], prefix: list[int] | None = None) -> list[int]:
+        rows = self.inner.fork(i, keys, prefix)
         self.rec.forked.update({(self.number, r): (self.number, i) for r in rows})
         return rows
 
@@ -190,4 +191,50 @@ def test_children_that_fill_the_group_start_once_the_early_ends_are_known(branch
     assert children == children_per_node(shape, 0, alive, len(exited))  # e.g. 1 exited: [3, 2, 2]
     assert metrics["gen_forked_rows"] == alive * (shape.width - 1)
     assert metrics["tree/child_sessions"] == 1 and gen.sessions == 2
+    assert_token_exact(branch_model, trajs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The lowest_prob rule (SPO's cutpoints): branch before the line the policy was least sure of
+
+
+def test_branch_line_picks_the_least_likely_first_token_after_the_last_cut():
+    """Lines 0-4, one token each at ids 2..6 (a prompt of 2 tokens), first-token log-probs -0.1, -2.0, -0.5, -3.0,
+    -0.2; line 3 was typed at a "..." prompt (inside a block: no branch point there)."""
+    logprobs = [0.0, 0.0, -0.1, -2.0, -0.5, -3.0, -0.2]
+    lines = [Line(code=f"x{k}", token_span=(2 + k, 3 + k), prompt="... " if k == 3 else ">>> ") for k in range(5)]
+    traj = Trajectory(token_ids=list(range(7)), loss_mask=[0, 0] + [1] * 5, logprobs=logprobs, prompt_len=2,
+                      text="", lines=lines)
+    assert branch_line(traj, "fixed") == 5  # the next line
+    assert branch_line(traj, "lowest_prob") == 1  # -2.0; line 0 is never a cut, line 3 (-3.0) is inside a block
+    traj.tree_cuts = [1]
+    assert branch_line(traj, "lowest_prob") == 2  # after the cut at 1: lines 2 (-0.5) and 4 (-0.2)
+    traj.tree_cuts = [4]
+    assert branch_line(traj, "lowest_prob") == 5  # nothing after line 4 qualifies: here
+
+
+def test_branch_rule_is_checked():
+    with pytest.raises(ConfigError, match="branch_rule"):
+        resolve(Config, None, {"tree": {"branch_rule": "highest"}})
+    cfg = resolve(Config, None, {"tree": {"branch_at": [3], "branch_rule": "lowest_prob"},
+                                 "rollout": {"group_size": 4}})
+    assert TreeShape.from_config(cfg.tree).rule == "lowest_prob"
+
+
+def test_lowest_prob_children_sample_the_least_sure_line_again(branch_model, pool):
+    """``fast`` branches when it has run 3 lines, before line 1 or 2, whichever first token was less likely. The
+    copy's context is the parent's up to that line's first token (a prefix of the parent's row, forked: its cache's
+    first columns copied), it replays the lines before it and samples that line again."""
+    shape = TreeShape(roots=1, branch_at=(3,), width=2, rule="lowest_prob")
+    trajs, metrics, gen = grow(branch_model, pool, ["fast"], shape)
+    parent, child = trajs  # tree order: the parent went on as child 0
+    cut = min((1, 2), key=lambda j: parent.logprobs[parent.lines[j].token_span[0]])
+    assert parent.tree_cuts == child.tree_cuts == [cut] and parent.tree_nodes == child.tree_nodes == [0]
+    assert metrics["tree/cut_lines_back"] == 3 - cut and metrics["tree/replays"] == 1
+    start = parent.lines[cut].token_span[0]
+    assert child.token_ids[:start] == parent.token_ids[:start] and child.lines[cut].token_span[0] == start
+    assert all([ln.code for ln in t.lines] == SCRIPTS["fast"] and t.correct for t in trajs)
+    # the child's row got the prefix but its last token by copy, and fed the rest: each token fed once
+    assert metrics["gen_forked_rows"] == 1 and metrics["gen_forked_tokens"] == start - 1
+    assert metrics["gen_forked_tokens"] + metrics["gen_fed_tokens"] == sum(len(t.token_ids) - 1 for t in trajs)
     assert_token_exact(branch_model, trajs)

@@ -103,14 +103,17 @@ class PackedKV(DynamicCache):
         """Row ``slot`` is done (its columns are simply no longer read)."""
         self.lengths[slot] = 0
 
-    def fork(self, src: int, dsts: list[int]) -> int:
-        """Rows ``dsts`` (new slots, or free ones) start with row ``src``'s cached tokens, copied: an episode that
-        branches (a tree rollout) hands its children its prefix's keys and values instead of having them computed
-        again. Slots past ``n_rows`` are added (the row dimension doubles, so a tree's forks grow it a few times).
-        Returns the tokens copied per row."""
+    def fork(self, src: int, dsts: list[int], length: int | None = None) -> int:
+        """Rows ``dsts`` (new slots, or free ones) start with row ``src``'s first ``length`` cached tokens (default:
+        all), copied: an episode that branches (a tree rollout) hands its children its prefix's keys and values
+        instead of having them computed again (causal attention: a prefix's keys and values do not depend on what
+        follows it). Slots past ``n_rows`` are added (the row dimension doubles, so a tree's forks grow it a few
+        times). Returns the tokens copied per row."""
         if max(dsts) >= self.n_rows:
             self._grow_rows(max(max(dsts) + 1, 2 * self.n_rows))
-        n = self.lengths[src]
+        n = self.lengths[src] if length is None else length
+        if not 0 <= n <= self.lengths[src]:
+            raise ValueError(f"row {src} holds {self.lengths[src]} cached tokens, not {n}")
         index = torch.tensor(dsts, device=self.device)
         for buf in self.buffers:
             buf[:, index, :, :n] = buf[:, src : src + 1, :, :n]                    # [2, len(dsts), KV, n, D]

@@ -61,9 +61,10 @@ class _Batch:
         for slot in slots:
             self.cache.free(slot)
 
-    def fork(self, forks: list[tuple[int, list[int]]]) -> int:
-        """Copy each source row's cache into its new rows; returns the tokens copied (all rows together)."""
-        return sum(self.cache.fork(src, dsts) * len(dsts) for src, dsts in forks)
+    def fork(self, forks: list[tuple[int, list[int], int | None]]) -> int:
+        """Copy each source row's cache (or its first ``length`` tokens) into its new rows; returns the tokens copied
+        (all rows together)."""
+        return sum(self.cache.fork(src, dsts, length) * len(dsts) for src, dsts, length in forks)
 
     def forward(self, feed: dict[int, list[int]], keep: list[int]) -> torch.Tensor:
         """Feed row ``slot`` the tokens ``feed[slot]`` (rows in order); returns the next-token logits [K, V] of the
@@ -108,8 +109,9 @@ class _Row:
 class _StepPlan:
     free_slots: list[int]
     """Finished rows whose caches are released first."""
-    forks: list[tuple[int, list[int]]]
-    """Rows forked since the last step: (source row, new rows); their caches are copied before the forward."""
+    forks: list[tuple[int, list[int], int | None]]
+    """Rows forked since the last step: (source row, new rows, cached tokens to copy or None for all); their caches
+    are copied before the forward."""
     feed: dict[int, list[int]]
     """Per row (in order) with tokens this step: the tokens fed."""
     sample_rows: list[int]
@@ -130,7 +132,7 @@ class HFSession:
         self._line_end = line_end_ids(gen.tokenizer)
         self._eos = eos_ids(gen.tokenizer, getattr(gen.model, "generation_config", None))
         self._rows = [_Row(list(p), self._row_generator(i)) for i, p in enumerate(prompts)]
-        self._forks: list[tuple[int, list[int]]] = []
+        self._forks: list[tuple[int, list[int], int | None]] = []
         self._batch = _Batch(gen.model, len(prompts), gen.device)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -174,10 +176,12 @@ class HFSession:
         self._wake.set()
         return await row.future
 
-    def fork(self, i: int, keys: Sequence[int]) -> list[int]:
+    def fork(self, i: int, keys: Sequence[int], prefix: Sequence[int] | None = None) -> list[int]:
         """New rows, one per key, that go on from row ``i``'s context as it stands between two lines (no pending
         request): its KV cache rows are copied (on the worker thread, before the next forward), not computed again,
-        and the tokens it has not fed yet are theirs too. A key names a new row's random stream (with the session's
+        and the tokens it has not fed yet are theirs too. With ``prefix`` (a prefix of row ``i``'s context, at
+        least one token), the new rows' context is that prefix instead: the first ``len(prefix) - 1`` cached tokens
+        are copied and the last one is theirs to feed. A key names a new row's random stream (with the session's
         seed), so a row's samples do not depend on when it was forked. Returns the new rows' indices."""
         if self._error is not None:
             raise RuntimeError(f"generation failed: {self._error!r}") from self._error
@@ -188,12 +192,15 @@ class HFSession:
             raise ValueError(f"row {i} is finished")
         if row.future is not None:
             raise RuntimeError(f"row {i} has a pending next_line request: fork it between two lines")
+        if prefix is not None and not prefix:
+            raise ValueError("a fork's prefix needs at least one token")
+        pending, length = (list(row.pending), None) if prefix is None else ([prefix[-1]], len(prefix) - 1)
         new = []
         for key in keys:
             new.append(len(self._rows))
-            self._rows.append(_Row(list(row.pending), self._row_generator(key)))
+            self._rows.append(_Row(list(pending), self._row_generator(key)))
         if new:
-            self._forks.append((i, new))
+            self._forks.append((i, new, length))
         if self._wake is not None:
             self._wake.set()
         return new
@@ -307,7 +314,7 @@ class HFSession:
         with torch.inference_mode():
             if plan.forks:  # before freeing: a source row that finished since its fork still hands its cache on
                 self.stats["forked_tokens"] += batch.fork(plan.forks)
-                self.stats["forked_rows"] += sum(len(dsts) for _, dsts in plan.forks)
+                self.stats["forked_rows"] += sum(len(dsts) for _, dsts, _ in plan.forks)
                 self.stats["fork_s"] += time.perf_counter() - t0
             batch.free(plan.free_slots)
             t1 = time.perf_counter()
