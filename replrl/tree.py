@@ -5,6 +5,9 @@ stands at a ``>>>`` prompt) it becomes a branch point: it goes on as its own fir
 of it go on beside it. A copy starts from the parent's token ids, masks and log-probs and from the parent's
 interpreter state, rebuilt in a fresh kernel of the pool by running the task's ``setup(row)`` (if it has one) and
 replaying the parent's lines (``ReplSession.replay``).
+With ``rule = "lowest_prob"`` the branch falls instead before the line since the previous branch point whose first
+token was least likely (``branch_line``): the copies take the parent's trajectory up to that line and sample it
+again, and the parent's own lines from there on are its segment after the branch.
 A replay whose outputs differ from the parent's (``random``, time, ``id()``) is counted, and the copy goes on with
 ``tree_diverged`` set: the ``tree`` estimator gives it no tree credit. The next branch point is ``branch_at[1]``,
 and so on; every leaf is an ordinary token-exact ``Trajectory`` with its path in ``tree_nodes`` / ``tree_cuts``.
