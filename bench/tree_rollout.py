@@ -6,9 +6,10 @@ which goes first. Figures (sums over all groups):
 
 - ``tree_vs_flat_tokens_generated``: tokens the policy sampled for the tree / for the flat group (target <= 0.8 with
   branch points at lines 2 and 4). The tree samples its shared prefixes once;
-- ``tree_vs_flat_wall``: wall time of the tree rollouts / of the flat ones (target <= 1.0). The tree's levels run one
-  after the other, its children wait for a fresh kernel and a replay, and a backend without a prefix cache (HF)
-  prefills each child's prefix again (``tree_vs_flat_prefill_tokens``: tokens fed to the model, prompt included);
+- ``tree_vs_flat_wall``: wall time of the tree rollouts / of the flat ones (target <= 1.0). A child starts when its
+  parent branches, after a fresh kernel and a replay; on HF it is a row forked from its parent's, whose KV cache
+  rows are copied (``tree_forked_tokens``, ``tree_fork_s``) instead of prefilled again
+  (``tree_vs_flat_prefill_tokens``: tokens fed to the model, prompt included);
 - ``replay_ms_per_line``: one replay at a time into a fresh kernel of the pool, of the tree's leaves' lines, per line
   (target <= 5 ms); ``replay_ms_per_line_in_tree``: the same inside the tree rollouts, where replays run
   concurrently with each other and with generation (what a training step pays); ``replay_ms_per_line_assignments``:
@@ -19,6 +20,9 @@ prefix-cache counters give ``tree_prefix_cache_hit_rate`` / ``flat_prefix_cache_
 the rollouts' fresh requests (a row's first line; its later lines continue its request and are not looked up), the
 share found already computed. ``tree_vs_flat_prefill_tokens`` then counts the tokens vLLM computed (prompt tokens not
 found in a cache, plus the sampled tokens fed back), the counterpart of the HF backend's fed tokens.
+
+One flat rollout of the first problem runs first and is not counted (``--warmup``): the process's first forwards
+and kernels are slower, and the first measured rollout is a flat one.
 
     python bench/tree_rollout.py [--model smollm2-135m-instruct] [--backend hf] [--problems 2] [--repeats 2]
 """
@@ -108,6 +112,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-lines", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=1, help="flat rollouts of one problem before measuring, not counted")
     args = ap.parse_args()
 
     shape = TreeShape(args.roots, tuple(args.branch_at), args.width)
@@ -120,13 +125,18 @@ def main() -> None:
     model, tokenizer = load_policy(cfg.model, seed=0)
     gen = load_generator(cfg.model.backend, model, tokenizer, **vllm_opts(cfg.model.backend))
     rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
-    totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0, "lookups": 0, "hits": 0}
+    totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0, "lookups": 0, "hits": 0,
+                  "forked": 0.0, "fork_s": 0.0}
               for k in ("flat", "tree")}
     in_tree: list[float] = []
     leaves: list = []
 
     async def go() -> float:
         async with KernelPool(size=shape.leaves, limits=cfg.rollout.limits(), tools=task.tools) as pool:
+            for _ in range(args.warmup):  # not counted: the first forwards and kernels of the process are slower
+                await pool.wait_full()
+                await rollout(gen, pool, task, rows[:1], rewards, cfg.rollout.sampling(seed=999_999), rules,
+                              group_size=shape.leaves, chat_template=cfg.model.chat_template)
             for rep in range(args.repeats):
                 for p, row in enumerate(rows):
                     sampling = cfg.rollout.sampling(seed=1000 * rep + p)
@@ -145,6 +155,8 @@ def main() -> None:
                         cache_after = prefix_cache_counters(args.backend)
                         tot["lookups"] += cache_after[0] - cache_before[0]
                         tot["hits"] += cache_after[1] - cache_before[1]
+                        tot["forked"] += stats.extra.get("gen_forked_tokens", 0.0)
+                        tot["fork_s"] += stats.extra.get("gen_fork_s", 0.0)
                         tot["leaves"] += len(trajs)
                         tot["lines"] += sum(len(t.lines) for t in trajs)
                         if kind == "tree":
@@ -171,6 +183,7 @@ def main() -> None:
         "tree_vs_flat_prefill_tokens": tree["fed"] / flat["fed"] if flat["fed"] else None,
         "tree_prefix_cache_hit_rate": tree["hits"] / tree["lookups"] if tree["lookups"] else None,
         "flat_prefix_cache_hit_rate": flat["hits"] / flat["lookups"] if flat["lookups"] else None,
+        "tree_forked_tokens": tree["forked"], "tree_fork_s": tree["fork_s"],
         "flat_lines_per_episode": flat["lines"] / max(flat["leaves"], 1),
         "tree_lines_per_leaf": tree["lines"] / max(tree["leaves"], 1),
         "tree_leaves_per_group": tree["leaves"] / (args.repeats * len(rows)),

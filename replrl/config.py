@@ -168,9 +168,15 @@ class TreeConfig:
     width: int = 2
     """Children of each branch point (the episode itself goes on as the first one; the others replay its lines in
     a fresh kernel). A group has roots * width ** len(branch_at) leaves, which must equal rollout.group_size."""
+    branch_rule: str = "fixed"
+    """Where an episode that has executed branch_at[k] statements branches: "fixed", there; "lowest_prob", before
+    the line since its previous branch point (not its first line; one typed at a >>> prompt) whose first token had
+    the lowest probability (SPO's cutpoints: the children sample that line again), or there when none qualifies."""
 
     def __post_init__(self) -> None:
         check_positive("tree", self, "roots", "width")
+        if self.branch_rule not in ("fixed", "lowest_prob"):
+            raise ConfigError(f"tree.branch_rule must be 'fixed' or 'lowest_prob'; got {self.branch_rule!r}")
         if any(not isinstance(b, int) or b < 1 for b in self.branch_at) or list(self.branch_at) != sorted(
                 set(self.branch_at)):
             raise ConfigError(f"tree.branch_at must be increasing line counts >= 1, e.g. [2, 4]; got {self.branch_at}")

@@ -100,7 +100,8 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 @dataclass
 class Episode:
     """An episode in progress: its trajectory so far and what the loop needs to go on (``play``). A tree rollout
-    pauses it at a branch point and continues it, or a copy of it, in another generation session."""
+    stops it at a branch point and continues it, and copies of it on rows forked from its own (or in a session of
+    their own)."""
 
     traj: Trajectory
     session: ReplSession | None = None

@@ -3,7 +3,9 @@
 The estimator tests are pure functions on hand-built trajectories (the worked example of docs/tree-rollouts.md, the
 equivalence with ``outcome`` without branch points). The tree rollouts themselves are tested in tests/test_rollout.py
 beside the flat ones, with the same scripted model and real kernels: every leaf token-exact, masks on sampled tokens
-only, log-probs equal to a plain forward pass, shared prefixes, a diverging replay counted, an early end a leaf.
+only, log-probs equal to a plain forward pass, shared prefixes, a diverging replay counted, an early end a leaf;
+tests/test_tree_branching.py checks that children start when their parent branches (no level barrier), on rows
+forked from its KV cache or in sessions of their own, and the children that fill a group.
 """
 
 from __future__ import annotations

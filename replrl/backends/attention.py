@@ -103,6 +103,32 @@ class PackedKV(DynamicCache):
         """Row ``slot`` is done (its columns are simply no longer read)."""
         self.lengths[slot] = 0
 
+    def fork(self, src: int, dsts: list[int], length: int | None = None) -> int:
+        """Rows ``dsts`` (new slots, or free ones) start with row ``src``'s first ``length`` cached tokens (default:
+        all), copied: an episode that branches (a tree rollout) hands its children its prefix's keys and values
+        instead of having them computed again (causal attention: a prefix's keys and values do not depend on what
+        follows it). Slots past ``n_rows`` are added (the row dimension doubles, so a tree's forks grow it a few
+        times). Returns the tokens copied per row."""
+        if max(dsts) >= self.n_rows:
+            self._grow_rows(max(max(dsts) + 1, 2 * self.n_rows))
+        n = self.lengths[src] if length is None else length
+        if not 0 <= n <= self.lengths[src]:
+            raise ValueError(f"row {src} holds {self.lengths[src]} cached tokens, not {n}")
+        index = torch.tensor(dsts, device=self.device)
+        for buf in self.buffers:
+            buf[:, index, :, :n] = buf[:, src : src + 1, :, :n]                    # [2, len(dsts), KV, n, D]
+        for d in dsts:
+            self.lengths[d] = n
+        return n
+
+    def _grow_rows(self, n_rows: int) -> None:
+        for layer, buf in enumerate(self.buffers):
+            grown = buf.new_zeros(buf.shape[0], n_rows, *buf.shape[2:])
+            grown[:, : buf.shape[1]] = buf
+            self.buffers[layer] = grown
+        self.lengths += [0] * (n_rows - self.n_rows)
+        self.n_rows = n_rows
+
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return max(self.lengths, default=0)
 

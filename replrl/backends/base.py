@@ -8,6 +8,7 @@ generating for the other rows while one row's line is being executed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from replrl.types import LineSample, SamplingParams
@@ -33,6 +34,21 @@ class GenSession(Protocol):
 
     async def aclose(self) -> None:
         """Release everything the session holds; pending requests fail."""
+        ...
+
+
+@runtime_checkable
+class ForkableSession(GenSession, Protocol):
+    """A session that can branch a row (optional: a tree rollout uses it when a session has it, and otherwise opens
+    a session of its own for the children, whose prompt is the shared prefix)."""
+
+    def fork(self, i: int, keys: Sequence[int], prefix: Sequence[int] | None = None) -> list[int]:
+        """New rows, one per key, whose context is row ``i``'s as it stands between two lines (no ``next_line``
+        pending for it); they go on with ``next_line`` like any row, the first call passing the environment tokens
+        row ``i`` has not been given yet. With ``prefix`` (a prefix of row ``i``'s context), their context is that
+        prefix instead, and their first call passes no environment tokens. A key names a new row's random stream
+        (with the session's seed), so a fork's samples do not depend on the order rows were forked in. Returns the
+        new rows' indices."""
         ...
 
 

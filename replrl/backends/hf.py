@@ -7,6 +7,10 @@ prefilling a 40-token traceback rides along in the same step as the rows decodin
 taking steps of its own or making every row pay for 40 columns (``bench/packed_step.py`` measures both). The
 logits equal those of one plain forward pass over each row's tokens.
 
+A row can be forked between two lines (``HFSession.fork``, for tree rollouts): the new rows get copies of its
+cache rows (``PackedKV.fork``, a memory copy on the worker thread before the next forward) instead of prefilling
+the shared prefix again, and join the running steps at once.
+
 Threading: all row bookkeeping lives on the event loop thread; tensors (cache, forward, sampling) live on one
 worker thread. The loop thread plans a step (which tokens each row feeds, who samples), the worker runs it, the
 loop thread applies the sampled tokens and resolves the finished lines' futures. A row whose line just ended is
@@ -20,7 +24,7 @@ import asyncio
 import inspect
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +60,11 @@ class _Batch:
     def free(self, slots: list[int]) -> None:
         for slot in slots:
             self.cache.free(slot)
+
+    def fork(self, forks: list[tuple[int, list[int], int | None]]) -> int:
+        """Copy each source row's cache (or its first ``length`` tokens) into its new rows; returns the tokens copied
+        (all rows together)."""
+        return sum(self.cache.fork(src, dsts, length) * len(dsts) for src, dsts, length in forks)
 
     def forward(self, feed: dict[int, list[int]], keep: list[int]) -> torch.Tensor:
         """Feed row ``slot`` the tokens ``feed[slot]`` (rows in order); returns the next-token logits [K, V] of the
@@ -100,6 +109,9 @@ class _Row:
 class _StepPlan:
     free_slots: list[int]
     """Finished rows whose caches are released first."""
+    forks: list[tuple[int, list[int], int | None]]
+    """Rows forked since the last step: (source row, new rows, cached tokens to copy or None for all); their caches
+    are copied before the forward."""
     feed: dict[int, list[int]]
     """Per row (in order) with tokens this step: the tokens fed."""
     sample_rows: list[int]
@@ -120,6 +132,7 @@ class HFSession:
         self._line_end = line_end_ids(gen.tokenizer)
         self._eos = eos_ids(gen.tokenizer, getattr(gen.model, "generation_config", None))
         self._rows = [_Row(list(p), self._row_generator(i)) for i, p in enumerate(prompts)]
+        self._forks: list[tuple[int, list[int], int | None]] = []
         self._batch = _Batch(gen.model, len(prompts), gen.device)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -127,10 +140,12 @@ class HFSession:
         self._error: BaseException | None = None
         self._last_step_s = 0.0
         self.stats = {"steps": 0, "fed_tokens": 0, "max_step_tokens": 0, "sampled_tokens": 0, "rows_freed": 0,
-                      "worker_s": 0.0, "forward_s": 0.0, "loop_s": 0.0, "join_wait_s": 0.0}
+                      "worker_s": 0.0, "forward_s": 0.0, "loop_s": 0.0, "join_wait_s": 0.0, "forked_rows": 0,
+                      "forked_tokens": 0, "fork_s": 0.0}
         """Counters: forward steps, real tokens fed (all of them, no padding exists), the most fed in one step,
         tokens sampled, caches released, seconds in the worker step / in model.forward / planning and applying on
-        the loop thread / waiting for rows to come back from executing their line."""
+        the loop thread / waiting for rows to come back from executing their line; rows forked, the cached tokens
+        copied for them (fed to no forward), seconds copying."""
 
     def _row_generator(self, i: int) -> torch.Generator:
         g = torch.Generator(device=self._gen.device)
@@ -160,6 +175,35 @@ class HFSession:
             self._task = loop.create_task(self._engine())
         self._wake.set()
         return await row.future
+
+    def fork(self, i: int, keys: Sequence[int], prefix: Sequence[int] | None = None) -> list[int]:
+        """New rows, one per key, that go on from row ``i``'s context as it stands between two lines (no pending
+        request): its KV cache rows are copied (on the worker thread, before the next forward), not computed again,
+        and the tokens it has not fed yet are theirs too. With ``prefix`` (a prefix of row ``i``'s context, at
+        least one token), the new rows' context is that prefix instead: the first ``len(prefix) - 1`` cached tokens
+        are copied and the last one is theirs to feed. A key names a new row's random stream (with the session's
+        seed), so a row's samples do not depend on when it was forked. Returns the new rows' indices."""
+        if self._error is not None:
+            raise RuntimeError(f"generation failed: {self._error!r}") from self._error
+        if self._closed:
+            raise RuntimeError("session is closed")
+        row = self._rows[i]
+        if row.finished:
+            raise ValueError(f"row {i} is finished")
+        if row.future is not None:
+            raise RuntimeError(f"row {i} has a pending next_line request: fork it between two lines")
+        if prefix is not None and not prefix:
+            raise ValueError("a fork's prefix needs at least one token")
+        pending, length = (list(row.pending), None) if prefix is None else ([prefix[-1]], len(prefix) - 1)
+        new = []
+        for key in keys:
+            new.append(len(self._rows))
+            self._rows.append(_Row(list(pending), self._row_generator(key)))
+        if new:
+            self._forks.append((i, new, length))
+        if self._wake is not None:
+            self._wake.set()
+        return new
 
     def finish(self, i: int) -> None:
         row = self._rows[i]
@@ -250,7 +294,8 @@ class HFSession:
             extra = min(f - counts[i], spare)
             counts[i] += extra
             spare -= extra
-        plan = _StepPlan(free, {}, [], [], [])
+        plan = _StepPlan(free, self._forks, {}, [], [], [])
+        self._forks = []
         for i, (row, n) in enumerate(zip(self._rows, counts, strict=True)):
             if not n:
                 continue
@@ -263,10 +308,14 @@ class HFSession:
         return plan
 
     def _run_step(self, plan: _StepPlan) -> tuple[list[int], list[float]]:
-        """Worker thread: free, forward, sample."""
+        """Worker thread: fork, free, forward, sample."""
         t0 = time.perf_counter()
         batch = self._batch
         with torch.inference_mode():
+            if plan.forks:  # before freeing: a source row that finished since its fork still hands its cache on
+                self.stats["forked_tokens"] += batch.fork(plan.forks)
+                self.stats["forked_rows"] += sum(len(dsts) for _, dsts, _ in plan.forks)
+                self.stats["fork_s"] += time.perf_counter() - t0
             batch.free(plan.free_slots)
             t1 = time.perf_counter()
             logits = batch.forward(plan.feed, plan.sample_rows)                   # [S, V]
