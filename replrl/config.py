@@ -173,6 +173,12 @@ class TreeConfig:
     the line since its previous branch point (not its first line; one typed at a >>> prompt) whose first token had
     the lowest probability (SPO's cutpoints: the children sample that line again), or there when none qualifies."""
 
+    fill: bool = True
+    """When episodes end before the last branch point, the episodes still alive there share the missing leaves
+    (true: every group keeps roots * width ** len(branch_at) leaves), or get width children like any branch point
+    (false: the group is short, tree/leaf_shortfall). Filling gives the long episodes more leaves than a flat group
+    would (only they are alive at the last branch point): more tokens per leaf, and a group mean that leans on them."""
+
     def __post_init__(self) -> None:
         check_positive("tree", self, "roots", "width")
         if self.branch_rule not in ("fixed", "lowest_prob"):

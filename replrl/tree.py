@@ -65,10 +65,15 @@ class TreeShape:
     first token had the lowest probability (SPO's cutpoints: the children re-sample the line the policy was least
     sure of); there when no line qualifies."""
 
+    fill: bool = True
+    """Whether the episodes alive at the last branch point get the leaves that episodes ending earlier left missing
+    (the group keeps ``leaves``), or ``width`` children each like every branch point (the group is short by the
+    missing leaves, ``tree/leaf_shortfall``). Filling over-samples the long episodes (only they are alive there)."""
+
     @classmethod
     def from_config(cls, tree_cfg: Any) -> TreeShape:
         return cls(roots=tree_cfg.roots, branch_at=tuple(tree_cfg.branch_at), width=tree_cfg.width,
-                   rule=getattr(tree_cfg, "branch_rule", "fixed"))
+                   rule=getattr(tree_cfg, "branch_rule", "fixed"), fill=getattr(tree_cfg, "fill", True))
 
     @property
     def leaves(self) -> int:
@@ -120,8 +125,9 @@ def children_per_node(shape: TreeShape, level: int, alive: int, leaves_so_far: i
     """How many children each of ``alive`` episodes of one group gets at branch level ``level``: ``width`` each,
     except at the last branch point, where the group's missing leaves are spread over them (the first ones get one
     more when it does not divide): ``leaves_so_far`` leaves ended earlier, and the group should have
-    ``shape.leaves``. Every alive episode keeps at least ``width`` children there."""
-    if level < len(shape.branch_at) - 1 or alive == 0:
+    ``shape.leaves``. Every alive episode keeps at least ``width`` children there. With ``shape.fill`` off:
+    ``width`` each at every level (the group stays short)."""
+    if level < len(shape.branch_at) - 1 or alive == 0 or not shape.fill:
         return [shape.width] * alive
     missing = max(shape.leaves - leaves_so_far, shape.width * alive)
     base, extra = divmod(missing, alive)

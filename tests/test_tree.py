@@ -137,6 +137,9 @@ def test_children_per_node_fills_the_group_at_the_last_branch_point():
     assert children_per_node(shape, 1, 2, 1) == [4, 3]
     assert children_per_node(shape, 1, 1, 5) == [3]
     assert children_per_node(shape, 1, 0, 2) == []
+    unfilled = TreeShape(roots=2, branch_at=(2, 4), width=2, fill=False)
+    assert children_per_node(unfilled, 1, 2, 1) == [2, 2]      # 1 + 4 leaves: the group is 3 short
+    assert children_per_node(unfilled, 0, 2, 0) == [2, 2]
 
 
 def test_tree_config_validates_and_parses_from_the_command_line():

@@ -194,6 +194,26 @@ def test_children_that_fill_the_group_start_once_the_early_ends_are_known(branch
     assert_token_exact(branch_model, trajs)
 
 
+def test_without_fill_the_group_is_short_by_the_early_ends(branch_model, pool):
+    """``tree.fill = false``: the roots alive at the branch point get ``width`` children each, no more; the leaves
+    the early ends left missing are the group's shortfall, and no extra session starts."""
+    shape = TreeShape(roots=4, branch_at=(2,), width=2, fill=False)
+    for _ in range(6):
+        trajs, metrics, gen = grow(branch_model, pool, ["coin"], shape)
+        exited = [t for t in trajs if t.end_reason == "exit"]
+        if 0 < len(exited) < shape.roots:
+            break
+    else:
+        pytest.fail("the coin never split the roots in 6 trees")
+    alive = shape.roots - len(exited)
+    assert len(trajs) == len(exited) + alive * shape.width
+    assert metrics["tree/leaf_shortfall"] == shape.leaves - len(trajs) == len(exited)
+    children = Counter(t.tree_nodes[0] for t in trajs if t.tree_nodes)
+    assert sorted(children.values()) == [shape.width] * alive
+    assert metrics["tree/child_sessions"] == 0 and gen.sessions == 1
+    assert_token_exact(branch_model, trajs)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The lowest_prob rule (SPO's cutpoints): branch before the line the policy was least sure of
 
