@@ -327,14 +327,16 @@ def test_weight_files_of_trainers_that_are_gone_are_removed(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     dead_pid = int(gone.stdout)
-    stale = tmp_path / f"replrl-weights-{dead_pid}-abc123"
-    live = tmp_path / f"replrl-weights-{os.getppid()}-def456"
+    ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    stale = tmp_path / f"replrl-weights-{ns}-{dead_pid}-abc123"
+    live = tmp_path / f"replrl-weights-{ns}-{os.getppid()}-def456"
+    elsewhere = tmp_path / f"replrl-weights-{ns}0-{dead_pid}-ghi789"  # another container's pids: not ours to judge
     other = tmp_path / "replrl-weights-notapid"
-    for f in (stale, live, other):
+    for f in (stale, live, elsewhere, other):
         f.write_bytes(b"w" * 64)
     shared = vllm_backend.SharedWeights([("w", torch.zeros(4))], directory=str(tmp_path))
-    assert not stale.exists() and live.exists() and other.exists()
-    assert os.path.basename(shared.path).startswith(f"replrl-weights-{os.getpid()}-")
+    assert not stale.exists() and live.exists() and elsewhere.exists() and other.exists()
+    assert os.path.basename(shared.path).startswith(f"replrl-weights-{ns}-{os.getpid()}-")
     shared.close()
 
 

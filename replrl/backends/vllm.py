@@ -192,7 +192,7 @@ class SharedWeights:
         shm = "/dev/shm"
         directory = directory or (shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir())
         remove_stale_weight_files(directory)
-        fd, self.path = tempfile.mkstemp(prefix=f"replrl-weights-{os.getpid()}-", dir=directory)
+        fd, self.path = tempfile.mkstemp(prefix=f"replrl-weights-{_pid_namespace()}-{os.getpid()}-", dir=directory)
         self._finalizer = weakref.finalize(self, _unlink, self.path)
         try:
             os.ftruncate(fd, max(self.nbytes, 1))
@@ -214,19 +214,29 @@ class SharedWeights:
 
 
 def remove_stale_weight_files(directory: str) -> list[str]:
-    """Remove the weight files of trainers that no longer run (``replrl-weights-<pid>-*`` whose process is gone).
+    """Remove the weight files of trainers that no longer run (``replrl-weights-<pid namespace>-<pid>-*`` of this
+    process's pid namespace whose process is gone).
 
     A trainer killed by a signal it cannot catch (SIGKILL: the OOM killer) leaves its file behind, and a file under
     /dev/shm is memory: 2.5 GB for the 0.5B, held until the machine restarts, which made the next heavy job the OOM
-    killer's next victim. Returns the paths removed."""
-    removed = []
-    for path in Path(directory).glob("replrl-weights-*-*"):
-        pid = path.name.split("-")[2]
-        if not pid.isdigit() or _alive(int(pid)):
+    killer's next victim. Files of another pid namespace (a container sharing /dev/shm, ``--ipc=host``) are never
+    touched: their pids mean nothing here. Returns the paths removed."""
+    removed, mine = [], _pid_namespace()
+    for path in Path(directory).glob("replrl-weights-*-*-*"):
+        parts = path.name.split("-")
+        if parts[2] != mine or not parts[3].isdigit() or _alive(int(parts[3])):
             continue
         _unlink(str(path))
         removed.append(str(path))
     return removed
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (its inode), or "0" where /proc does not say."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
 
 
 def _alive(pid: int) -> bool:
