@@ -179,13 +179,16 @@ def test_children_that_fill_the_group_start_once_the_early_ends_are_known(branch
     shape = TreeShape(roots=4, branch_at=(2,), width=2)
     for _ in range(6):  # each root exits with probability 1/2: retry until some did and some did not
         trajs, metrics, gen = grow(branch_model, pool, ["coin"], shape)
-        exited = [t for t in trajs if t.end_reason == "exit"]
+        # the roots that ended before the branch point (the coin's exit at line 2): leaves that passed no branch
+        # point. (Not "every exit": the tiny model may stray from its script, e.g. exit at line 3 after branching.)
+        exited = [t for t in trajs if not t.tree_nodes]
         if 0 < len(exited) < shape.roots:
             break
     else:
         pytest.fail("the coin never split the roots in 6 trees")
     alive = shape.roots - len(exited)
-    assert all(t.tree_nodes == [] and len(t.lines) == 2 for t in exited)
+    assert all(len(t.lines) <= 2 and t.end_reason != "max_lines" for t in exited)
+    assert sum(t.end_reason == "exit" and len(t.lines) == 2 for t in exited) >= 1   # the coin did it
     assert len(trajs) == 8 and metrics["tree/leaf_shortfall"] == 0 and metrics["tree/branch_points"] == alive
     children = sorted(Counter(t.tree_nodes[0] for t in trajs if t.tree_nodes).values(), reverse=True)
     assert children == children_per_node(shape, 0, alive, len(exited))  # e.g. 1 exited: [3, 2, 2]
@@ -200,7 +203,7 @@ def test_without_fill_the_group_is_short_by_the_early_ends(branch_model, pool):
     shape = TreeShape(roots=4, branch_at=(2,), width=2, fill=False)
     for _ in range(6):
         trajs, metrics, gen = grow(branch_model, pool, ["coin"], shape)
-        exited = [t for t in trajs if t.end_reason == "exit"]
+        exited = [t for t in trajs if not t.tree_nodes]  # ended before the branch point
         if 0 < len(exited) < shape.roots:
             break
     else:
