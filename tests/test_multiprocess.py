@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +19,19 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(600)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(*args: str) -> subprocess.CompletedProcess:
     # accelerate's --cpu flag always starts one process (its simple launcher); --multi_gpu on a machine without
     # GPUs starts N processes that run on the CPU with gloo (DistributedType.MULTI_CPU), as torchrun does.
+    # A port of its own: two launches on the suite's two workers at once must not meet on the default 29500.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "replrl", "train",
+           "--num_machines", "1", "--main_process_port", str(free_port()),
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "replrl", "train",
            "examples/smoke.toml", "--no-progress", "--model.device", "cpu", *args]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=500)
