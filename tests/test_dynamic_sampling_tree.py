@@ -32,6 +32,7 @@ from replrl.rollout import RolloutStats
 from replrl.trainer import ProblemStream, StepResult, Trainer
 from replrl.types import Trajectory
 from tests.scripted import ScriptTask, script_sequences, teach_scripts
+from tests.test_dynamic_sampling import train
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -77,13 +78,6 @@ def tree_config(model_dir: Path, branch_at: list[int], **rollout_opts: Any) -> C
         "run": {"max_steps": 1, "save_every": 1, "log_samples_every": 0, "tensorboard": False, "eval_n": 0,
                 "time_budget_min": 0},
     })
-
-
-def train(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[Trainer, list[StepResult]]:
-    results: list[StepResult] = []
-    trainer = Trainer(cfg, run_dir, resume=resume, progress=False)
-    trainer.train(on_step=results.append)
-    return trainer, results
 
 
 def leaf(group: int, outcome: float = 0.0) -> Trajectory:

@@ -155,9 +155,9 @@ class HFSession:
             g.manual_seed((self.sampling.seed * 1_000_003 + i) % (2**63))
         return g
 
-    # ---- the GenSession API (event loop thread) ----
-
-    async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
+    def _idle_row(self, i: int, pending: str) -> _Row:
+        """Row ``i`` of a live session, neither finished nor waiting for a line (else the error, ``pending`` saying
+        what a waiting row means to the caller)."""
         if self._error is not None:
             raise RuntimeError(f"generation failed: {self._error!r}") from self._error
         if self._closed:
@@ -166,7 +166,13 @@ class HFSession:
         if row.finished:
             raise ValueError(f"row {i} is finished")
         if row.future is not None:
-            raise RuntimeError(f"row {i} already has a pending next_line request")
+            raise RuntimeError(f"row {i} {pending}")
+        return row
+
+    # ---- the GenSession API (event loop thread) ----
+
+    async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
+        row = self._idle_row(i, "already has a pending next_line request")
         loop = asyncio.get_running_loop()
         row.pending.extend(env_ids)
         row.future = loop.create_future()
@@ -183,15 +189,7 @@ class HFSession:
         least one token), the new rows' context is that prefix instead: the first ``len(prefix) - 1`` cached tokens
         are copied and the last one is theirs to feed. A key names a new row's random stream (with the session's
         seed), so a row's samples do not depend on when it was forked. Returns the new rows' indices."""
-        if self._error is not None:
-            raise RuntimeError(f"generation failed: {self._error!r}") from self._error
-        if self._closed:
-            raise RuntimeError("session is closed")
-        row = self._rows[i]
-        if row.finished:
-            raise ValueError(f"row {i} is finished")
-        if row.future is not None:
-            raise RuntimeError(f"row {i} has a pending next_line request: fork it between two lines")
+        row = self._idle_row(i, "has a pending next_line request: fork it between two lines")
         if prefix is not None and not prefix:
             raise ValueError("a fork's prefix needs at least one token")
         pending, length = (list(row.pending), None) if prefix is None else ([prefix[-1]], len(prefix) - 1)
