@@ -2,8 +2,10 @@
 
 Two short training runs of the same model on the same task from the same seed: one without dynamic sampling (each
 step trains on its problems_per_step groups, contrast or not), one with it (each step draws waves of problems until
-problems_per_step groups have a contrast, or the bound on extra waves is spent). A group with a contrast (rewards
-not all equal, by rollout.dynamic_sampling_signal) is the only kind a group-relative update learns from. Figures:
+problems_per_step groups have a contrast, or the bound on extra waves is spent; with ``--probe N``, the default 4,
+each wave screens problems with N episodes each and completes the kept ones to whole groups:
+rollout.dynamic_sampling_probe). A group with a contrast (rewards not all equal, by
+rollout.dynamic_sampling_signal) is the only kind a group-relative update learns from. Figures:
 
 - ``signal_groups_per_rollout_hour_{on,off}``: groups with a contrast trained on, per hour of rollout;
   ``..._on_vs_off`` their ratio (null when the run without it trained on none);
@@ -41,7 +43,8 @@ def config(args: argparse.Namespace, on: bool) -> Config:
         "model": {"name": args.model},
         "task": {"name": args.task, "level": args.level},
         "rollout": {"group_size": args.group_size, "problems_per_step": args.problems, "temperature": args.temperature,
-                    "dynamic_sampling": on, "dynamic_sampling_extra_waves": args.extra_waves},
+                    "dynamic_sampling": on, "dynamic_sampling_extra_waves": args.extra_waves,
+                    "dynamic_sampling_probe": args.probe if on else 0},
         # programs_qwen.toml's rewards: an unsubmitted answer is no worse than a wrong one
         "rewards": {"weights": {"correct": 1.0, "wrong": 0.0, "no_submit": 0.0, "syntax_error": -0.3,
                                 "exception": -0.1, "timeout": -0.2, "crash": -0.5, "repeat_line": -0.1}},
@@ -49,6 +52,11 @@ def config(args: argparse.Namespace, on: bool) -> Config:
         "run": {"max_steps": args.steps, "seed": args.seed, "eval_n": 0, "time_budget_min": args.budget_min,
                 "save_every": 0, "log_samples_every": 0, "tensorboard": False},
     })
+
+
+def groups_drawn(row: dict[str, float], args: argparse.Namespace) -> float:
+    """Groups (probes, with --probe) a step drew: whole groups of group_size without dynamic sampling."""
+    return row.get("dynsamp/groups_drawn", row["episodes"] / args.group_size)
 
 
 def one_run(args: argparse.Namespace, on: bool, tmp: str) -> dict[str, float]:
@@ -60,12 +68,12 @@ def one_run(args: argparse.Namespace, on: bool, tmp: str) -> dict[str, float]:
     rows = [r for r in read_metrics(run_dir) if "rollout_s" in r]
     for r in rows:
         print(f"{'on ' if on else 'off'} step {r['step']}: {r.get('dynsamp/waves', 1):.0f} wave(s), "
-              f"{r['groups_with_contrast']:.0f} of {r['episodes'] / args.group_size:.0f} groups with a contrast, "
+              f"{r['groups_with_contrast']:.0f} of {groups_drawn(r, args):.0f} groups with a contrast, "
               f"kept {r.get('dynsamp/groups_kept', r['groups_with_contrast']):.0f}; accuracy {r['accuracy']:.3f}; "
               f"rollout {r['rollout_s']:.0f} s, update {r['update_s']:.0f} s", flush=True)
     kept = sum(r.get("dynsamp/groups_kept", r["groups_with_contrast"]) for r in rows)
     rollout_s, step_s = sum(r["rollout_s"] for r in rows), sum(r["step_s"] for r in rows)
-    drawn = sum(r["episodes"] for r in rows) / args.group_size
+    drawn = sum(groups_drawn(r, args) for r in rows)
     return {"steps": len(rows), "groups_drawn": drawn, "groups_with_contrast": sum(r["groups_with_contrast"]
                                                                                      for r in rows),
             "signal_groups": kept, "episodes": sum(r["episodes"] for r in rows), "rollout_s": rollout_s,
@@ -83,6 +91,8 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--extra-waves", type=int, default=2, help="rollout.dynamic_sampling_extra_waves")
+    ap.add_argument("--probe", type=int, default=4,
+                    help="rollout.dynamic_sampling_probe of the run with it on (0: whole groups, DAPO's filter)")
     ap.add_argument("--lr", type=float, default=2e-6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget-min", type=float, default=0.0,
@@ -101,7 +111,7 @@ def main() -> None:
 
     out = {"model": args.model, "task": f"{args.task} level {args.level}", "temperature": args.temperature,
            "problems_per_step": args.problems, "group_size": args.group_size, "extra_waves": args.extra_waves,
-           "seed": args.seed,
+           "probe": args.probe, "seed": args.seed,
            "signal_groups_per_rollout_hour_on_vs_off": ratio(per_hour["rollout_s"]),
            "signal_groups_per_step_hour_on_vs_off": ratio(per_hour["step_s"]),
            "episodes_per_kept_group": round(on["episodes"] / on["signal_groups"], 2) if on["signal_groups"] else None,

@@ -127,6 +127,13 @@ class RolloutConfig:
     dynamic_sampling_extra_waves: int = 3
     """With dynamic_sampling: waves a step may draw beyond the first (the bound). When it is spent, the step trains on
     the groups with a contrast it holds (dynsamp/bound_reached = 1)."""
+    dynamic_sampling_probe: int = 0
+    """With dynamic_sampling: screen problems with this many episodes each before spending a whole group on them (0:
+    off, every problem drawn gets group_size episodes). A wave then spreads its group_size x problems_per_step
+    episodes over more problems (problems_per_step x group_size // probe of them); a problem whose probe shows a
+    contrast is kept and completed to group_size episodes, one whose probe does not costs only the probe. Pays where
+    problems are mostly all-or-nothing for the policy (docs/dynamic-sampling.md, "Screening"). 2 <= probe <
+    group_size; flat groups only (not with tree.branch_at)."""
     dynamic_sampling_signal: str = "outcome"
     """Which episode reward must differ within a group for it to be kept: outcome (the final-answer terms: correct,
     wrong, no_submit) or reward (the total, per-line terms included: nearly every group differs there)."""
@@ -141,6 +148,13 @@ class RolloutConfig:
         check_choice("rollout.isolation", self.isolation, ("auto", "bwrap", "unshare", "rlimits"))
         if self.dynamic_sampling_extra_waves < 0:
             raise ConfigError("rollout.dynamic_sampling_extra_waves must be >= 0")
+        if self.dynamic_sampling_probe and not self.dynamic_sampling:
+            raise ConfigError("rollout.dynamic_sampling_probe screens problems for dynamic sampling: it needs "
+                              "rollout.dynamic_sampling = true")
+        if self.dynamic_sampling_probe and not 2 <= self.dynamic_sampling_probe < self.group_size:
+            raise ConfigError(f"rollout.dynamic_sampling_probe must be 0 (off) or between 2 and group_size - 1 "
+                              f"({self.group_size - 1}): a probe of one episode compares with nothing; got "
+                              f"{self.dynamic_sampling_probe}")
         from .dynamic_sampling import CONTRAST_SIGNALS
 
         check_choice("rollout.dynamic_sampling_signal", self.dynamic_sampling_signal, tuple(CONTRAST_SIGNALS))
@@ -449,6 +463,9 @@ class Config:
         if self.tree.branch_at and self.tree.leaves != self.rollout.group_size:
             raise ConfigError(f"tree: roots * width ** len(branch_at) = {self.tree.leaves} leaves per problem, but "
                               f"rollout.group_size is {self.rollout.group_size}: make them equal")
+        if self.rollout.dynamic_sampling_probe and self.tree.branch_at:
+            raise ConfigError("rollout.dynamic_sampling_probe screens flat groups; a tree (tree.branch_at) is judged "
+                              "whole: set one of them")
 
     @staticmethod
     def implied_defaults(values: dict[str, Any]) -> dict[str, dict[str, Any]]:

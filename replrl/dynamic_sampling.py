@@ -110,14 +110,26 @@ class WaveRecord:
     episodes: list[int]
 
 
+def screening_wave(problems_per_step: int, group_size: int, probe: int) -> int:
+    """Problems a wave draws: ``problems_per_step``, or with a probe (``rollout.dynamic_sampling_probe``) as many as
+    the same episodes screen, ``problems_per_step * group_size // probe``."""
+    return max(problems_per_step, problems_per_step * group_size // probe) if probe else problems_per_step
+
+
 def wave_metrics(waves: Sequence[WaveRecord], kept: Sequence[int], group_size: int,
-                 bound_reached: bool) -> dict[str, float]:
+                 bound_reached: bool, completion: dict[int, int] | None = None,
+                 completion_s: float = 0.0) -> dict[str, float]:
     """The step's figures (``dynsamp/...``). ``kept``: indices of the groups trained on, over all waves in order.
     A wave's groups run at once, so its rollout time is shared by its episodes (equally by its groups when they are
     all whole): the time spent on discarded groups is each wave's wall time times the share of its episodes the step
-    did not keep. ``group_size``: what a whole group holds (kept groups with fewer episodes are counted)."""
+    did not keep. ``group_size``: what a whole group holds (kept groups with fewer episodes are counted).
+    ``completion`` (screening, ``rollout.dynamic_sampling_probe``; None without it): episodes added to a kept group
+    after its probe, by group index, in ``completion_s`` of rollout; they count among the episodes per kept group
+    (``dynsamp/screened_episodes`` are the probes' alone)."""
     flags = [c for w in waves for c in w.contrast]
     sizes = [n for w in waves for n in w.episodes]
+    screened = sum(sizes)
+    sizes = [n + (completion or {}).get(i, 0) for i, n in enumerate(sizes)]
     kept_set, start, discarded_s = set(kept), 0, 0.0
     for w in waves:
         n = len(w.contrast)
@@ -131,6 +143,8 @@ def wave_metrics(waves: Sequence[WaveRecord], kept: Sequence[int], group_size: i
            "dynsamp/short_groups_kept": float(sum(sizes[i] < group_size for i in kept_contrast))}
     if kept_contrast:  # absent when nothing was kept: episodes per nothing is not a number
         out["dynsamp/episodes_per_kept_group"] = sum(sizes) / len(kept_contrast)
+    if completion is not None:
+        out.update({"dynsamp/screened_episodes": float(screened), "dynsamp/completion_s": completion_s})
     return out
 
 

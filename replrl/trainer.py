@@ -52,6 +52,7 @@ from .dynamic_sampling import (
     WaveRecord,
     group_has_contrast,
     merge_wave_stats,
+    screening_wave,
     select_groups,
     split_by_group,
     wave_metrics,
@@ -477,15 +478,18 @@ class Trainer:
         the leaves it has, see dynamic_sampling.py). Returns (this rank's episodes to train on, every group drawn,
         this rank's rollout stats over the waves, dynsamp/ figures)."""
         cfg = self.cfg.rollout
-        G, want = cfg.group_size, cfg.problems_per_step
+        G, want, probe = cfg.group_size, cfg.problems_per_step, cfg.dynamic_sampling_probe
+        per_wave = screening_wave(want, G, probe)  # problems a wave draws (more, with a probe of fewer episodes)
         drawn: list[list[Trajectory]] = []  # every group of every wave, over all ranks, in stream order
+        problems_drawn: list[tuple[int, dict]] = []  # their problems (every rank draws them all), same order
         waves: list[WaveRecord] = []
         parts: list[tuple[RolloutStats, int]] = []  # each wave's rollout stats on this rank, and its episodes
         while True:
             t0 = time.perf_counter()
-            problems = self.problems.take(want)[self.rank::self.world]
+            problems_drawn += self.problems.take(per_wave)
+            problems = problems_drawn[-per_wave:][self.rank::self.world]
             trajs, wave_stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards,
-                                                 self.wave_sampling(len(waves)), self.rules, group_size=G,
+                                                 self.wave_sampling(len(waves)), self.rules, group_size=probe or G,
                                                  chat_template=self.cfg.model.chat_template, tree=self.tree))
             parts.append((wave_stats, len(trajs)))
             local_groups = split_by_group(trajs)
@@ -506,12 +510,45 @@ class Trainer:
         if bound and not enough and self.main:
             log.info("step %d: %d of %d groups with a contrast after %d waves (the bound); training on those",
                      self.step + 1, sum(contrast), want, len(waves))
+        completion = None
+        if probe:  # screening: this rank completes the probes it trains on (those with a contrast) to G episodes
+            completion, completion_s = self._complete_probes(pool, rewards, drawn, problems_drawn, kept, contrast,
+                                                             len(waves), parts)
         mine_kept = [drawn[i] for j, i in enumerate(kept) if j % self.world == self.rank]
         for k, group in enumerate(mine_kept):  # group ids of this rank's batch (the advantage normalises within them)
             for t in group:
                 t.group = k
         local = [t for group in mine_kept for t in group]
-        return local, drawn, merge_wave_stats(parts), wave_metrics(waves, kept, G, bound_reached=bound and not enough)
+        figures = wave_metrics(waves, kept, G, bound_reached=bound and not enough, completion=completion,
+                               completion_s=completion_s if probe else 0.0)
+        return local, drawn, merge_wave_stats(parts), figures
+
+    def _complete_probes(self, pool: KernelPool, rewards: RewardModel, drawn: list[list[Trajectory]],
+                         problems_drawn: list[tuple[int, dict]], kept: list[int], contrast: list[bool], wave: int,
+                         parts: list[tuple[RolloutStats, int]]) -> tuple[dict[int, int], float]:
+        """Screening's last stage: each kept probe with a contrast gets group_size - probe more episodes, rolled out
+        by the rank that trains on it, sampled with the seed of wave ``wave`` (the one after the last screening
+        wave: new draws), and appended to its group in ``drawn`` on every rank. A kept probe without a contrast (a
+        stand-in when the bound was reached) stays as it is: it adds no gradient either way. Returns the episodes
+        added per group index (over all ranks) and this rank's wall time for them; adds its stats to ``parts``."""
+        cfg, t0 = self.cfg.rollout, time.perf_counter()
+        mine = [i for j, i in enumerate(kept) if j % self.world == self.rank and contrast[i]]
+        more: list[list[Trajectory]] = []
+        if mine:
+            trajs, stats = run_sync(rollout(self.generator, pool, self.task, [problems_drawn[i] for i in mine],
+                                            rewards, self.wave_sampling(wave), self.rules,
+                                            group_size=cfg.group_size - cfg.dynamic_sampling_probe,
+                                            chat_template=self.cfg.model.chat_template))
+            parts.append((stats, len(trajs)))
+            more = split_by_group(trajs)
+        added = list(zip(mine, more, strict=True))
+        if self.world > 1:
+            added = gather_object(added)
+        for i, group in added:
+            for t in group:
+                t.group = drawn[i][0].group
+            drawn[i] = drawn[i] + group
+        return {i: len(group) for i, group in added}, time.perf_counter() - t0
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
         """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""

@@ -19,6 +19,7 @@ from replrl.dynamic_sampling import (
     WaveRecord,
     group_has_contrast,
     has_contrast,
+    screening_wave,
     select_groups,
     split_by_group,
     wave_metrics,
@@ -97,12 +98,37 @@ def test_wave_figures():
     assert "dynsamp/episodes_per_kept_group" not in m
 
 
+def test_screening_figures():
+    # a wave spends the episodes of problems_per_step whole groups on probes: 2 x 8 episodes screen 4 problems
+    assert screening_wave(2, 8, 4) == 4 and screening_wave(2, 8, 3) == 5 and screening_wave(2, 8, 0) == 2
+    assert screening_wave(3, 4, 2) == 6
+    # one wave of 4 probes of 2 (8 s): probes 1 and 3 have a contrast, are kept and get 2 more episodes each (4 s);
+    # 16 episodes for 2 kept groups; discarded: probes 0 and 2, half the wave's episodes
+    m = wave_metrics([WaveRecord([False, True, False, True], 8.0, [2, 2, 2, 2])], kept=[1, 3], group_size=4,
+                     bound_reached=False, completion={1: 2, 3: 2}, completion_s=4.0)
+    assert m["dynsamp/episodes_per_kept_group"] == 6.0 and m["dynsamp/discarded_rollout_s"] == 4.0
+    assert m["dynsamp/screened_episodes"] == 8.0 and m["dynsamp/completion_s"] == 4.0
+    assert m["dynsamp/short_groups_kept"] == 0, "a completed probe is a whole group"
+    # without screening the figures are today's (no screening keys)
+    assert "dynsamp/screened_episodes" not in wave_metrics([WaveRecord([True], 1.0, [4])], [0], 4, False)
+
+
 def test_config_checks():
     with pytest.raises(ConfigError, match="dynamic_sampling_extra_waves"):
         resolve(Config, None, {"rollout": {"dynamic_sampling_extra_waves": -1}})
     with pytest.raises(ConfigError, match="dynamic_sampling_signal"):
         resolve(Config, None, {"rollout": {"dynamic_sampling_signal": "accuracy"}})
     assert Config().rollout.dynamic_sampling is False              # off by default: old configs mean what they meant
+    assert Config().rollout.dynamic_sampling_probe == 0
+    for probe, match in ((1, "compares with nothing"), (8, "between 2 and group_size - 1")):
+        with pytest.raises(ConfigError, match=match):
+            resolve(Config, None, {"rollout": {"dynamic_sampling": True, "group_size": 8,
+                                               "dynamic_sampling_probe": probe}})
+    with pytest.raises(ConfigError, match="needs rollout.dynamic_sampling = true"):
+        resolve(Config, None, {"rollout": {"dynamic_sampling_probe": 2}})
+    with pytest.raises(ConfigError, match="a tree .* is judged whole"):
+        resolve(Config, None, {"rollout": {"dynamic_sampling": True, "group_size": 4, "dynamic_sampling_probe": 2},
+                               "tree": {"branch_at": [2], "roots": 2, "width": 2}})
 
 
 # -- the trainer ---------------------------------------------------------------------------------------------------
@@ -182,3 +208,27 @@ def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(f
     assert {t.row for t in second.trajectories} <= {i for i, _ in drawn}
     if again["dynsamp/groups_kept"]:  # (with none, one group without a contrast stands in)
         assert all(group_has_contrast(g) for g in split_by_group(second.trajectories))
+
+
+def test_screening_completes_the_probes_with_a_contrast_and_trains_on_whole_groups(format_model_dir, tmp_path):
+    # probes of 2 episodes: a wave screens 2 x 4 // 2 = 4 problems; a probe with a contrast gets 2 more episodes
+    cfg = toy(format_model_dir, digits=(1, 7), dynamic_sampling=True, dynamic_sampling_extra_waves=4,
+              dynamic_sampling_probe=2)
+    cfg.run.max_steps = 2
+    _, results = train(cfg, tmp_path / "run")
+    rows = read_metrics(tmp_path / "run")
+    for row, result in zip(rows, results, strict=True):
+        kept = int(row["dynsamp/groups_kept"])
+        assert row["dynsamp/groups_drawn"] == 4 * row["dynsamp/waves"]
+        assert row["dynsamp/screened_episodes"] == 2 * row["dynsamp/groups_drawn"]
+        # every episode drawn is counted: the probes and the completions
+        assert row["episodes"] == row["dynsamp/screened_episodes"] + 2 * kept
+        assert row["dynsamp/episodes_per_kept_group"] == pytest.approx(row["episodes"] / kept)
+        assert 0 < row["dynsamp/completion_s"] < row["rollout_s"]
+        groups = split_by_group(result.trajectories)
+        assert len(groups) == kept and kept == 2 or row["dynsamp/bound_reached"] == 1
+        for k, g in enumerate(groups):  # whole groups of one problem, with a contrast, ids 0..kept-1
+            assert len(g) == 4 and len({t.row for t in g}) == 1 and {t.group for t in g} == {k}
+            assert group_has_contrast(g) and group_has_contrast(g[:2]), "the probe itself had the contrast"
+    assert rows[-1]["data_position"] == 4 * sum(r["dynsamp/waves"] for r in rows)
+    assert sum(r["dynsamp/groups_kept"] for r in rows) >= 2

@@ -63,20 +63,27 @@ def test_two_processes_train_write_once_and_resume(format_model_dir, tmp_path):
     assert state["step"] == 3 and state["data_position"] == 6
 
 
-def test_two_processes_with_dynamic_sampling_agree_on_the_waves_and_train_kept_groups(format_model_dir, tmp_path):
+@pytest.mark.parametrize("probe", [0, 2])
+def test_two_processes_with_dynamic_sampling_agree_on_the_waves_and_train_kept_groups(format_model_dir, tmp_path,
+                                                                                      probe):
+    # probe 2 (screening): a wave screens 4 problems with 2 episodes each, split over the ranks; a rank completes
+    # the kept probes it trains on, and both ranks count every completion
     run = tmp_path / "run"
     toy = ["--model.name", str(format_model_dir), "--model.chat_template", "false", "--task.name",
            "tests.toy:EchoTask", "--rollout.max_lines", "3", "--rollout.max_line_tokens", "12",
            "--rollout.temperature", "1.0", "--rollout.dynamic_sampling", "true",
-           "--rollout.dynamic_sampling_extra_waves", "3", "--run.max_steps", "3"]
+           "--rollout.dynamic_sampling_extra_waves", "3", "--rollout.dynamic_sampling_probe", str(probe),
+           "--run.max_steps", "3"]
     done = launch("--run-dir", str(run), "--run.eval_n", "0", *toy)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3], "only the main process writes metrics"
-    waves = 0
+    waves, per_wave = 0, 4 if probe else 2
     for r in rows:  # both ranks drew the same waves (else the stream positions, and the collectives, would differ)
         waves += r["dynsamp/waves"]
-        assert r["data_position"] == 2 * waves and r["episodes"] == 4 * r["dynsamp/groups_drawn"]
+        assert r["data_position"] == per_wave * waves and r["dynsamp/groups_drawn"] == per_wave * r["dynsamp/waves"]
+        completed = 2 * r["dynsamp/groups_kept"] if probe else 0
+        assert r["episodes"] == (probe or 4) * r["dynsamp/groups_drawn"] + completed
         assert r["dynsamp/groups_kept"] == 2 or r["dynsamp/bound_reached"] == 1
         assert r["rank_weight_drift"] == 0.0, "the ranks' weights diverged"
         assert (r["grad_norm"] > 0) == (r["dynsamp/groups_kept"] > 0)
