@@ -510,7 +510,7 @@ class Trainer:
         if bound and not enough and self.main:
             log.info("step %d: %d of %d groups with a contrast after %d waves (the bound); training on those",
                      self.step + 1, sum(contrast), want, len(waves))
-        completion = None
+        completion, completion_s = None, 0.0
         if probe:  # screening: this rank completes the probes it trains on (those with a contrast) to G episodes
             completion, completion_s = self._complete_probes(pool, rewards, drawn, problems_drawn, kept, contrast,
                                                              len(waves), parts)
@@ -520,7 +520,7 @@ class Trainer:
                 t.group = k
         local = [t for group in mine_kept for t in group]
         figures = wave_metrics(waves, kept, G, bound_reached=bound and not enough, completion=completion,
-                               completion_s=completion_s if probe else 0.0)
+                               completion_s=completion_s)
         return local, drawn, merge_wave_stats(parts), figures
 
     def _complete_probes(self, pool: KernelPool, rewards: RewardModel, drawn: list[list[Trajectory]],
