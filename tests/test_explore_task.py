@@ -208,7 +208,7 @@ def test_the_black_box_cannot_be_read_back(sandboxed):
         coefficients = params["spec"].get("c", []) + params["spec"].get("left", []) + params["spec"].get("right", [])
         tokens = set(consts.replace(",", " ").replace(")", " ").replace("(", " ").split())
         assert not {str(c) for c in coefficients if abs(c) > 1} & tokens, consts
-        assert row["answer"] not in consts
+        assert row["answer"] not in tokens, consts  # a token, not a substring: a code object's address may hold it
         assert "['bytes', 'bytes']" in out and "None None {}" in out
         values = [f_value(params["spec"], x) for x in (0, 3, 7)]
         assert f"{values[0]} {values[1]} {values[2]}" in out, out
