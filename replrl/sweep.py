@@ -562,7 +562,7 @@ def _terminate_like_ctrl_c() -> Iterator[None]:
 
 def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bool) -> dict[str, Any]:
     """Update ``RUN_DIR/sweep.json`` after an attempt: done when the run reached max_steps, or its time budget ended
-    it; interrupted when it stopped early on a signal (in its last steps or in its final evaluation); failed on a
+    it, and its final held-out figures are logged; interrupted when it stopped early on a signal (in its last steps or in its final evaluation); failed on a
     non-zero exit. The wall-clock is the sum over the run's attempts since its last start, lost ones included."""
     from .metrics import read_metrics
 
@@ -570,13 +570,14 @@ def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bo
     rows = _train_rows(logged)
     steps = max((r["step"] for r in rows), default=0)
     r = run.cfg.run
-    if interrupted and (code != 0 or steps < r.max_steps or not _evaluated_at(run, logged, steps)):
+    evaluated = _evaluated_at(run, logged, steps)
+    if interrupted and (code != 0 or steps < r.max_steps or not evaluated):
         status = "interrupted"  # the sweep was stopped: the trainer saved and exited, or died at start-up
     elif code != 0:
         status = "failed"
-    elif steps >= r.max_steps or r.time_budget_min > 0:
+    elif (steps >= r.max_steps or r.time_budget_min > 0) and evaluated:
         status = "done"
-    else:
+    else:  # stopped early, or in its final evaluation, by a signal sent to the trainer itself (the sweep ran on)
         status = "interrupted"
     old = read_record(run.run_dir)
     attempts = old.get("attempts", []) if what == "resume" else []

@@ -462,7 +462,8 @@ def test_prune_deletes_a_done_runs_checkpoints_and_keeps_its_results(tmp_path: P
 def test_a_run_stopped_in_its_final_evaluation_is_interrupted_not_done(tmp_path: Path) -> None:
     """Ctrl-C in the final evaluation: the trainer exits 0 with all its steps and checkpoint but without the final
     figures. The record says interrupted (the next sweep resumes it, which finishes the evaluation; --prune keeps
-    its checkpoint), not done; a run whose figures are logged is done. Transfer counts when the config sets it."""
+    its checkpoint), not done, whether the signal reached the sweep or the trainer alone; a run whose figures are
+    logged is done. Transfer counts when the config sets it."""
     spec = tmp_path / "one.toml"
     spec.write_text(f'config = "{SPEC.parent / "smoke.toml"}"\nseeds = [0]\nsteps = 2\n[variants.base]\n'
                     '[variants.transfer]\n"run.transfer_task" = {name = "arithmetic"}\n"run.transfer_n" = 2\n')
@@ -479,6 +480,9 @@ def test_a_run_stopped_in_its_final_evaluation_is_interrupted_not_done(tmp_path:
         (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         assert _record_attempt(run, "start", 0, 1.0, interrupted=True)["status"] == status, (run.name, rows)
     assert _record_attempt(base, "start", 0, 1.0, interrupted=False)["status"] == "done"  # ran to its end
+    # Ctrl-C sent to the trainer alone (the sweep ran on): exit 0, every step, no final figures: not done either
+    (base.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    assert _record_attempt(base, "start", 0, 1.0, interrupted=False)["status"] == "interrupted"
 
 
 def test_the_shaping_page_s_tables_are_made_from_the_committed_records() -> None:
