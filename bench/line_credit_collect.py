@@ -2,7 +2,7 @@
 
     python bench/line_credit_collect.py --arm1 runs/line_credit --arm2 runs/line_credit_explore \
         --control docs/results/shaping_cpu/outcome_only --out docs/results/line_credit \
-        --page docs/results/line_credit.md
+        --page docs/results/line_credit.md --readme README.md
 
 ``--arm1`` / ``--arm2``: the sweeps' --out directories (examples/line_credit_sweep.toml, .._explore_sweep.toml). Each
 finished run's records are copied to ``OUT/arm1/<variant>/seed<k>`` (``OUT/arm2/...``) by bench/shaping_collect.py's
@@ -20,6 +20,9 @@ What the page holds, per arm (definitions in ``PAGE_NOTES``):
   beside it, a 95% interval from resampling the held-out problems (``replrl.compare.paired_bootstrap``);
 - collapsed runs, "looked at a value, then wrote more code", lines per correct episode, the share of correct
   training episodes (tree leaves) with a negative advantage, tokens generated per leaf and wall-clock per step.
+
+``--readme``: also put the headline table (``headline``: accuracy on every held-out task, each variant's paired
+difference to the control, and how many of the runs the sweep specs plan are in) between the README's marker lines.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,7 @@ COLLAPSE_SHARE = 0.5
 """A run collapsed when its final held-out accuracy on its training task is below this share of the control's at
 the same seed (for a control run: of the untrained model's)."""
 N_BOOT = 10000
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -247,6 +251,32 @@ def paired_cell(
     return f"{seeds} ({len(diffs)}); problems [{100 * blo:+.1f}, {100 * bhi:+.1f}]"
 
 
+def accuracy_cell(runs: list[RunRecords], task: str, rows: set[int] | None = None) -> str:
+    """The runs' final accuracy on ``task`` (``rows``: those problems only), mean over seeds [95% t-interval]."""
+    return fmt_pct([share(scores(f, rows)) for r in runs if (f := r.final(task)) is not None])
+
+
+def level_rows(
+    tasks: Sequence[tuple[str, str]],
+    levels: dict[str, dict[int, int]],
+    cells: Callable[[str, set[int] | None], list[str]],
+) -> list[str]:
+    """A table's rows, one per task ("all levels") and per level of it: ``cells(task, rows)`` gives a row's cells
+    (``rows``: the level's problem rows, None for all); a row with every cell empty is left out."""
+    lines = []
+    for task, shown in tasks:
+        subsets = [("all levels" if levels[task] else "", None)]
+        subsets += [
+            (f"level {k}", {p for p, lv in levels[task].items() if lv == k})
+            for k in sorted(set(levels[task].values()))
+        ]
+        for name, rows in subsets:
+            row = cells(task, rows)
+            if any(row):
+                lines.append(f"| {shown}{', ' + name if name else ''} | " + " | ".join(row) + " |")
+    return lines
+
+
 def train_figure(run: RunRecords, *keys: str) -> float:
     """The mean over training steps of the first of ``keys`` the run logged (NaN: none)."""
     for key in keys:
@@ -306,20 +336,14 @@ def arm_section(
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for task, shown in tasks:
-        subsets = [("all levels" if levels[task] else "", None)]
-        subsets += [
-            (f"level {k}", {p for p, lv in levels[task].items() if lv == k})
-            for k in sorted(set(levels[task].values()))
-        ]
-        for name, rows in subsets:
-            cells = [fmt_pct([share(scores(eps, rows)) for eps in befores.get(task, {}).values()])]
-            cells += [
-                fmt_pct([share(scores(f, rows)) for r in variants[v] if (f := r.final(task)) is not None])
-                for v in names
-            ]
-            if any(cells):
-                lines.append(f"| {shown}{', ' + name if name else ''} | " + " | ".join(cells) + " |")
+    lines += level_rows(
+        tasks,
+        levels,
+        lambda task, rows: [
+            fmt_pct([share(scores(eps, rows)) for eps in befores.get(task, {}).values()]),
+            *(accuracy_cell(variants[v], task, rows) for v in names),
+        ],
+    )
     notes = [f'"before" on {TASK_NAMES[t]}: {note}' for t, note in before_note.items()]
     seen = {
         v: sorted({b for r in rs if (f := r.final(main_task)) for b in map(banner, (e["text"] for e in f))})
@@ -344,16 +368,9 @@ def arm_section(
             "| " + " | ".join(head) + " |",
             "|" + "---|" * len(head),
         ]
-        for task, shown in tasks:
-            subsets = [("all levels" if levels[task] else "", None)]
-            subsets += [
-                (f"level {k}", {p for p, lv in levels[task].items() if lv == k})
-                for k in sorted(set(levels[task].values()))
-            ]
-            for name, rows in subsets:
-                cells = [paired_cell(variants[v], control, task, rows) for v in others]
-                if any(cells):
-                    lines.append(f"| {shown}{', ' + name if name else ''} | " + " | ".join(cells) + " |")
+        lines += level_rows(
+            tasks, levels, lambda task, rows: [paired_cell(variants[v], control, task, rows) for v in others]
+        )
         lines.append("")
     # 3. behaviour and cost
     ctrl_by_seed = {r.seed: r for r in control}
@@ -521,8 +538,9 @@ PAGE_NOTES = f"""Definitions:
 """
 
 
-def page(out: Path, control_dir: Path | None, commands: str) -> str:
-    """The results page from the collected records under ``out`` (``arm1/``, ``arm2/``) and arm 1's control."""
+def load_arms(out: Path, control_dir: Path | None) -> dict[str, dict[str, list[RunRecords]]]:
+    """{arm: {variant: its collected runs}} from ``out`` (``arm1/``, ``arm2/``), arm 1's control (``control_dir``)
+    first; variants in their sweep's order, those without a finished run left out."""
     arms: dict[str, dict[str, list[RunRecords]]] = {}
     for arm in ARMS:
         found = {p.name: load_runs(p) for p in sorted((out / arm).glob("*")) if p.is_dir() and p.name != "compare"}
@@ -530,7 +548,36 @@ def page(out: Path, control_dir: Path | None, commands: str) -> str:
         arms[arm] = {v: found[v] for v in [*order, *sorted(set(found) - set(order))] if v in found and found[v]}
     if control_dir is not None and control_dir.is_dir():
         arms["arm1"] = {CONTROL: load_runs(control_dir), **{k: v for k, v in arms["arm1"].items() if k != CONTROL}}
+    return arms
+
+
+def befores_of(
+    arms: dict[str, dict[str, list[RunRecords]]], arm: str
+) -> tuple[dict[str, dict[int, list[dict]]], dict[str, str]]:
+    """The untrained model's held-out episodes per task and seed for ``arm`` (its control's step-0 evaluation; for
+    arm 1's tasks its control did not evaluate, arm 2's control's), and a note per task whose figures came from
+    arm 2."""
+    main_task = ARMS[arm][0]
+    control = {r.seed: r for r in arms[arm].get(CONTROL, [])}
     arm2_control = {r.seed: r for r in arms["arm2"].get(CONTROL, [])}
+    befores: dict[str, dict[int, list[dict]]] = {}
+    notes: dict[str, str] = {}
+    for task, _ in TASKS:
+        got = {s: b for s, r in control.items() if (b := r.before(task)) is not None}
+        if not got and arm == "arm1" and task != main_task:  # the same evaluation made by arm 2's control
+            got = {s: b for s, r in arm2_control.items() if (b := r.before(task)) is not None}
+            if got:
+                notes[task] = (
+                    f"arm 2's `{CONTROL}` runs' evaluation of the untrained model (the same "
+                    "problems, sampling seed and rollout limits)"
+                )
+        befores[task] = got
+    return befores, notes
+
+
+def page(out: Path, control_dir: Path | None, commands: str) -> str:
+    """The results page from the collected records under ``out`` (``arm1/``, ``arm2/``) and arm 1's control."""
+    arms = load_arms(out, control_dir)
     lines = [
         "# Results: credit per line from outcomes (issue 34)",
         "",
@@ -544,22 +591,82 @@ def page(out: Path, control_dir: Path | None, commands: str) -> str:
         PAGE_NOTES,
     ]
     for arm, variants in arms.items():
-        main_task = ARMS[arm][0]
-        control = {r.seed: r for r in variants.get(CONTROL, [])}
-        befores: dict[str, dict[int, list[dict]]] = {}
-        notes: dict[str, str] = {}
-        for task, _ in TASKS:
-            got = {s: b for s, r in control.items() if (b := r.before(task)) is not None}
-            if not got and arm == "arm1" and task != main_task:  # the same evaluation made by arm 2's control
-                got = {s: b for s, r in arm2_control.items() if (b := r.before(task)) is not None}
-                if got:
-                    notes[task] = (
-                        f"arm 2's `{CONTROL}` runs' evaluation of the untrained model (the same "
-                        "problems, sampling seed and rollout limits)"
-                    )
-            befores[task] = got
-        lines += arm_section(arm, variants, befores, notes)
+        lines += arm_section(arm, variants, *befores_of(arms, arm))
     return "\n".join(lines).rstrip() + "\n"
+
+
+SPECS = {
+    "arm1": ROOT / "examples" / "line_credit_sweep.toml",
+    "arm2": ROOT / "examples" / "line_credit_explore_sweep.toml",
+}
+"""Each arm's sweep spec: its variants and seeds are the runs the experiment plans."""
+README_BEGIN = "<!-- line-credit table: begin (bench/line_credit_collect.py --readme) -->"
+README_END = "<!-- line-credit table: end -->"
+
+
+def planned(arm: str) -> tuple[list[str], list[int]]:
+    """The variants (arm 1: its control first) and seeds the arm's sweep spec plans."""
+    from replrl.sweep import load_spec
+
+    raw = load_spec(SPECS[arm])[0]
+    variants = list(raw.get("variants", {}))
+    return ([CONTROL] if arm == "arm1" else []) + [v for v in variants if v != CONTROL or arm != "arm1"], list(
+        raw.get("seeds", [0])
+    )
+
+
+def headline(out: Path, control_dir: Path | None) -> str:
+    """The README's table: per arm, held-out accuracy on every task (all levels) before and after training and each
+    variant's paired difference to the control, over the runs collected so far (how many of the planned runs that
+    is, said above the table)."""
+    arms = load_arms(out, control_dir)
+    counts = []
+    for arm in ARMS:
+        variants, seeds = planned(arm)
+        new_runs = [v for v in variants if not (arm == "arm1" and v == CONTROL)]  # arm 1's control: committed before
+        have = sum(len(arms[arm].get(v, [])) for v in new_runs)
+        counts.append(f"{ARMS[arm][1].split(':')[0].lower()} {have} of {len(new_runs) * len(seeds)}")
+    lines = [
+        f"Runs collected: {' and '.join(counts)} (arm 1's control: the shaping sweep's "
+        f"{len(arms['arm1'].get(CONTROL, []))} `{CONTROL}` runs). Accuracy: mean over seeds [95% t-interval]. "
+        "Difference: variant minus control in points, paired by seed: mean [95% t-interval] (seed pairs); "
+        "problems: [95% interval from resampling the held-out problems]. A blank: not evaluated there.",
+        "",
+    ]
+    for arm, (main_task, heading) in ARMS.items():
+        names, _ = planned(arm)
+        variants = arms[arm]
+        befores, _ = befores_of(arms, arm)
+        head = [heading.split(": ", 1)[1], "untrained", *(f"`{v}`" for v in names)]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        tasks = sorted(TASKS, key=lambda t: t[0] != main_task)
+        for task, shown in tasks:
+            before = fmt_pct([share(scores(eps)) for eps in befores.get(task, {}).values()])
+            cells = [
+                accuracy_cell(variants.get(v, []), task) or ("not run yet" if not variants.get(v) else "")
+                for v in names
+            ]
+            lines.append(f"| held-out {shown} | {before} | " + " | ".join(cells) + " |")
+            if CONTROL in variants:
+                diffs = [
+                    "" if v == CONTROL else paired_cell(variants.get(v, []), variants[CONTROL], task, None)
+                    for v in names
+                ]
+                if any(diffs):
+                    lines.append(f"| difference to `{CONTROL}` on {shown} |  | " + " | ".join(diffs) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def splice(readme: Path, text: str) -> None:
+    """Put ``text`` between the README's two marker lines."""
+    doc = readme.read_text()
+    if doc.count(README_BEGIN) != 1 or README_END not in doc.split(README_BEGIN, 1)[1]:
+        raise SystemExit(
+            f"line_credit_collect: {readme} needs one {README_BEGIN!r} line and, after it, one {README_END!r} line"
+        )
+    head, rest = doc.split(README_BEGIN, 1)
+    readme.write_text(head + README_BEGIN + "\n\n" + text.strip() + "\n\n" + README_END + rest.split(README_END, 1)[1])
 
 
 def _sweep_order(path: Path) -> list[str]:
@@ -577,7 +684,7 @@ replrl sweep examples/line_credit_explore_sweep.toml --out runs/line_credit_expl
     --set 'run.transfer_task={name = "gsm8k", data = "path/to/gsm8k"}'                  # arm 2: 6 runs
 python bench/line_credit_collect.py --arm1 runs/line_credit --arm2 runs/line_credit_explore \\
     --control docs/results/shaping_cpu/outcome_only --out docs/results/line_credit \\
-    --page docs/results/line_credit.md
+    --page docs/results/line_credit.md --readme README.md
 """
 
 
@@ -603,6 +710,9 @@ def main(argv: list[str] | None = None) -> None:
         default=Path("docs/results/line_credit.md"),
         help="the results page to write (default: %(default)s)",
     )
+    parser.add_argument(
+        "--readme", type=Path, help="also put the headline table into this file (README.md), between its marker lines"
+    )
     args = parser.parse_args(argv)
     from replrl.compare import compare
 
@@ -619,6 +729,9 @@ def main(argv: list[str] | None = None) -> None:
     args.page.parent.mkdir(parents=True, exist_ok=True)
     args.page.write_text(page(args.out, args.control, COMMANDS))
     print(f"wrote {args.page}")
+    if args.readme:
+        splice(args.readme, headline(args.out, args.control))
+        print(f"updated the table in {args.readme}")
 
 
 if __name__ == "__main__":

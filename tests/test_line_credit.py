@@ -346,10 +346,41 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     # arm 2's tree seed 1 saw another Python banner in its prompts: the page says so (arm 1's runs all saw one)
     assert "differ in the Python banner" not in arm1_text
     assert "`tree`: `Python 3.11.7 (main) on linux`, `Python 3.12.1 (main) on linux`" in arm2_text
-    # made again from the committed records alone (no sweep directories): the same page
+    # made again from the committed records alone (no sweep directories): the same page; --readme puts the
+    # headline table between a README's markers, the runs counted against the committed sweep specs
     page.unlink()
-    lc.main(["--control", str(tmp_path / "control" / "outcome_only"), "--out", str(out), "--page", str(page)])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# front\n\n{lc.README_BEGIN}\nold\n{lc.README_END}\n\n## next\n")
+    lc.main(
+        ["--control", str(tmp_path / "control" / "outcome_only"), "--out", str(out), "--page", str(page)]
+        + ["--readme", str(readme)]
+    )
     assert page.read_text() == text
+    front = readme.read_text()
+    assert front.startswith(f"# front\n\n{lc.README_BEGIN}\n\nRuns collected: arm 1 2 of 9 and arm 2 4 of 6 (arm 1's")
+    assert front.endswith(f"{lc.README_END}\n\n## next\n") and "old" not in front
+    arm1_head, arm2_head = front.split("| trained on `explore` level 1 |")
+    assert rows(arm1_head, "held-out programs") == [
+        "| held-out programs | 12.5% [0.0, 100.0] | 37.5% [0.0, 100.0] | 62.5% [0.0, 100.0] | not run yet | not run "
+        "yet |"
+    ]
+    assert rows(arm1_head, "difference to `outcome_only` on programs") == [
+        "| difference to `outcome_only` on programs |  |  | +25.0 [+25.0, +25.0] (2); problems [+0.0, +50.0] |  |  |"
+    ]
+    assert rows(arm2_head, "held-out explore")[0].startswith("| held-out explore | 12.5% [0.0, 100.0] | 37.5% [0.0, ")
+    broken = tmp_path / "broken.md"
+    broken.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="needs one"):
+        lc.splice(broken, "table")
+
+
+def test_the_readme_s_line_credit_table_is_made_from_the_committed_records() -> None:
+    """The README's line-credit table is bench/line_credit_collect.py's headline of the committed records, byte for
+    byte (a hand edit, or a run committed without re-running the collector with --readme, fails here)."""
+    lc = load_collector()
+    readme = (ROOT / "README.md").read_text()
+    between = readme.split(lc.README_BEGIN, 1)[1].split(lc.README_END, 1)[0]
+    assert between == "\n\n" + lc.headline(ROOT / "docs" / "results" / "line_credit", CONTROL).strip() + "\n\n"
 
 
 def test_the_collector_reads_the_committed_control_as_its_run_logged_it() -> None:
