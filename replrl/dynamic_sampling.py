@@ -150,12 +150,10 @@ def wave_metrics(waves: Sequence[WaveRecord], kept: Sequence[int], group_size: i
 
 def merge_wave_stats(waves: Sequence[tuple[RolloutStats, int]]) -> RolloutStats:
     """The rollout statistics of a step's waves, ``(stats, episodes)`` each, as one rollout's: times and counts add
-    up (``tree/branch_points``, ``tree/replays``, ``tree/leaf_shortfall``, ...), the backends' maxima
-    (``gen_max_*``) take the largest, and the tree's ratios are recomputed over every wave: tokens per leaf weighted
-    by each wave's leaves, generated against held tokens from the summed tokens, and the replay time per line
-    weighted by each wave's replays (a wave reports its mean, not its replayed lines: exact for one wave, and for
-    waves whose replays replay equally many lines)."""
+    up, the backends' maxima (``gen_max_*``) take the largest, and the tree's figures are merged by
+    ``tree.merge_tree_figures`` (counts summed, ratios weighted by what they are a mean over)."""
     from .rollout import RolloutStats
+    from .tree import merge_tree_figures
 
     out = RolloutStats()
     for stats, _ in waves:
@@ -164,17 +162,5 @@ def merge_wave_stats(waves: Sequence[tuple[RolloutStats, int]]) -> RolloutStats:
     for k in extra:
         if k.startswith("gen_max_"):
             extra[k] = max(s.extra.get(k, 0.0) for s, _ in waves)
-    if "tree/generated_tokens_per_leaf" in extra:
-        leaves = sum(n for _, n in waves)
-        generated = sum(s.extra.get("tree/generated_tokens_per_leaf", 0.0) * n for s, n in waves)
-        held = sum(s.extra.get("tree/leaf_tokens_per_leaf", 0.0) * n for s, n in waves)
-        replays = sum(s.extra.get("tree/replays", 0.0) for s, _ in waves)
-        replay_ms = sum(s.extra.get("tree/replay_ms_per_line", 0.0) * s.extra.get("tree/replays", 0.0)
-                        for s, _ in waves)
-        extra.update({
-            "tree/generated_tokens_per_leaf": generated / max(leaves, 1),
-            "tree/leaf_tokens_per_leaf": held / max(leaves, 1),
-            "tree/generated_vs_leaf_tokens": generated / max(held, 1),
-            "tree/replay_ms_per_line": replay_ms / replays if replays else 0.0,
-        })
+    extra.update(merge_tree_figures([(s.extra, n) for s, n in waves]))
     return out

@@ -562,8 +562,9 @@ def _terminate_like_ctrl_c() -> Iterator[None]:
 
 def _record_attempt(run: Run, what: str, code: int, wall: float, interrupted: bool) -> dict[str, Any]:
     """Update ``RUN_DIR/sweep.json`` after an attempt: done when the run reached max_steps, or its time budget ended
-    it, and its final held-out figures are logged; interrupted when it stopped early on a signal (in its last steps or in its final evaluation); failed on a
-    non-zero exit. The wall-clock is the sum over the run's attempts since its last start, lost ones included."""
+    it, and its final held-out figures are logged; interrupted when it stopped early on a signal (in its last steps
+    or in its final evaluation); failed on a non-zero exit. The wall-clock is the sum over the run's attempts since
+    its last start, lost ones included."""
     from .metrics import read_metrics
 
     logged = read_metrics(run.run_dir)

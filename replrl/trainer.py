@@ -64,7 +64,7 @@ from .policy import enable_gradient_checkpointing, load_policy
 from .provenance import record_environment
 from .rewards import RewardModel
 from .rollout import EpisodeRules, RolloutStats, rollout, summarize
-from .tree import TreeShape
+from .tree import TreeShape, merge_tree_figures
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
@@ -427,6 +427,9 @@ class Trainer:
                                             chat_template=cfg.model.chat_template, tree=self.tree))
             groups, wave_stats = gather_object(split_by_group(trajs)) if self.world > 1 else split_by_group(trajs), {}
         every_rank = [t for g in groups for t in g]  # every group of every rank, in the order drawn
+        if self.world > 1 and self.tree.on:  # the tree/ figures of every rank's trees, not this rank's alone
+            mine = {k: v for k, v in stats.extra.items() if k.startswith("tree/")}
+            stats.extra.update(merge_tree_figures(gather_object([(mine, int(mine.get("tree/leaves", 0)))])))
         t_rollout = time.perf_counter() - t_step
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
         # (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's on the stream)

@@ -373,8 +373,41 @@ class _Tree:
             "tree/generated_vs_leaf_tokens": generated / max(held, 1),
             "tree/child_sessions": counters["child_sessions"],
             "tree/cut_lines_back": counters["cut_lines_back"] / max(counters["branch_points"], 1),
+            "tree/leaves": len(trajs), "tree/replayed_lines": counters["replayed_lines"],
         })
         return trajs, stats
+
+
+TREE_RATIOS = {  # each tree/ ratio and the count it is a mean over (the rest of tree/ are counts)
+    "tree/generated_tokens_per_leaf": "tree/leaves", "tree/leaf_tokens_per_leaf": "tree/leaves",
+    "tree/replay_ms_per_line": "tree/replayed_lines", "tree/cut_lines_back": "tree/branch_points",
+}
+
+
+def merge_tree_figures(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """The ``tree/`` figures of several rollouts (a step's waves, or every rank's share of a step) as one rollout's:
+    ``parts`` holds each rollout's figures and its leaves. Counts add up; each ratio is the mean weighted by the count
+    it is over (``TREE_RATIOS``: leaves, replayed lines, branch points; a rollout that logged no replayed lines is
+    weighted by its replays), and generated against held tokens is recomputed from the summed tokens."""
+    parts = [({k: v for k, v in extra.items() if k.startswith("tree/")}, leaves) for extra, leaves in parts]
+    if not any(extra for extra, _ in parts):
+        return {}
+    weights = [{**extra, "tree/leaves": leaves,
+                "tree/replayed_lines": extra.get("tree/replayed_lines", extra.get("tree/replays", 0.0))}
+               for extra, leaves in parts]
+    keys = {k for extra, _ in parts for k in extra}
+    out = {k: float(sum(extra.get(k, 0.0) for extra, _ in parts)) for k in keys if k not in TREE_RATIOS}
+    out["tree/leaves"] = float(sum(leaves for _, leaves in parts))
+    for k, over in TREE_RATIOS.items():
+        if k in keys:
+            total = sum(w[over] for w in weights)
+            summed = sum(extra.get(k, 0.0) * w[over] for (extra, _), w in zip(parts, weights))
+            out[k] = summed / total if total else 0.0
+    if "tree/generated_vs_leaf_tokens" in keys:
+        generated = out.get("tree/generated_tokens_per_leaf", 0.0) * out["tree/leaves"]
+        held = out.get("tree/leaf_tokens_per_leaf", 0.0) * out["tree/leaves"]
+        out["tree/generated_vs_leaf_tokens"] = generated / held if held else 0.0
+    return out
 
 
 async def _acquire(pool: KernelPool, task: Task, node: _Node, replay: bool = False, digest: bool = False) -> Any:

@@ -30,6 +30,7 @@ from replrl.dynamic_sampling import (
 from replrl.metrics import read_metrics
 from replrl.rollout import RolloutStats
 from replrl.trainer import ProblemStream, StepResult, Trainer
+from replrl.tree import merge_tree_figures
 from replrl.types import Trajectory
 from tests.scripted import ScriptTask, script_sequences, teach_scripts
 from tests.test_dynamic_sampling import train
@@ -108,29 +109,50 @@ def test_wave_figures_count_a_short_tree_by_its_leaves():
 
 
 def test_the_waves_tree_figures_are_summed_and_their_ratios_recomputed():
-    # wave 1: 8 leaves holding 20 tokens each, 10 of them sampled by the leaf itself; 4 replays at 5 ms a line.
-    # wave 2: 2 leaves (a short tree) of 30 tokens, all sampled; no replay.
+    # wave 1: 8 leaves holding 20 tokens each, 10 of them sampled by the leaf itself; 4 replays of 12 lines in all
+    # at 5 ms a line; 6 branch points, cut 0.5 lines back on average.
+    # wave 2: 2 leaves (a short tree) of 30 tokens, all sampled; no replay, no branch point.
     one = RolloutStats(wall_s=10.0, model_tokens=80, extra={
         "tree/branch_points": 6.0, "tree/replays": 4.0, "tree/leaf_shortfall": 0.0, "tree/replay_ms_per_line": 5.0,
-        "tree/generated_tokens_per_leaf": 10.0, "tree/leaf_tokens_per_leaf": 20.0,
-        "tree/generated_vs_leaf_tokens": 0.5, "gen_max_step_tokens": 100.0, "gen_steps": 7.0})
+        "tree/generated_tokens_per_leaf": 10.0, "tree/leaf_tokens_per_leaf": 20.0, "tree/cut_lines_back": 0.5,
+        "tree/generated_vs_leaf_tokens": 0.5, "tree/leaves": 8.0, "tree/replayed_lines": 12.0,
+        "gen_max_step_tokens": 100.0, "gen_steps": 7.0})
     two = RolloutStats(wall_s=3.0, model_tokens=60, extra={
         "tree/branch_points": 0.0, "tree/replays": 0.0, "tree/leaf_shortfall": 2.0, "tree/replay_ms_per_line": 0.0,
-        "tree/generated_tokens_per_leaf": 30.0, "tree/leaf_tokens_per_leaf": 30.0,
-        "tree/generated_vs_leaf_tokens": 1.0, "gen_max_step_tokens": 300.0, "gen_steps": 2.0})
+        "tree/generated_tokens_per_leaf": 30.0, "tree/leaf_tokens_per_leaf": 30.0, "tree/cut_lines_back": 0.0,
+        "tree/generated_vs_leaf_tokens": 1.0, "tree/leaves": 2.0, "tree/replayed_lines": 0.0,
+        "gen_max_step_tokens": 300.0, "gen_steps": 2.0})
     merged = merge_wave_stats([(one, 8), (two, 2)])
     assert merged.wall_s == 13.0 and merged.model_tokens == 140
     # counts add up; the largest step is the largest of the two
     assert merged.extra["tree/branch_points"] == 6 and merged.extra["tree/replays"] == 4
     assert merged.extra["tree/leaf_shortfall"] == 2 and merged.extra["gen_steps"] == 9
+    assert merged.extra["tree/leaves"] == 10 and merged.extra["tree/replayed_lines"] == 12
     assert merged.extra["gen_max_step_tokens"] == 300
-    # 80 + 60 = 140 tokens sampled over 10 leaves; 160 + 60 = 220 held; the only replays were wave 1's
+    # 80 + 60 = 140 tokens sampled over 10 leaves; 160 + 60 = 220 held; the only replays and branch points were
+    # wave 1's (a ratio is not summed: 0.5 lines cut back stays 0.5)
     assert merged.extra["tree/generated_tokens_per_leaf"] == pytest.approx(14.0)
     assert merged.extra["tree/leaf_tokens_per_leaf"] == pytest.approx(22.0)
     assert merged.extra["tree/generated_vs_leaf_tokens"] == pytest.approx(140 / 220)
     assert merged.extra["tree/replay_ms_per_line"] == pytest.approx(5.0)
+    assert merged.extra["tree/cut_lines_back"] == pytest.approx(0.5)
     # one wave: unchanged
     assert merge_wave_stats([(one, 8)]).extra == pytest.approx(one.extra)
+
+
+def test_every_rank_s_tree_figures_merge_as_one_rollout_s():
+    """The ranks' shares of a step (what the trainer gathers under accelerate): replay time weighted by replayed
+    lines, cut-back by branch points, tokens by leaves; a rollout without trees adds nothing."""
+    rank0 = {"tree/replays": 1.0, "tree/replayed_lines": 1.0, "tree/replay_ms_per_line": 10.0, "tree/leaves": 4.0,
+             "tree/branch_points": 1.0, "tree/cut_lines_back": 2.0, "tree/generated_tokens_per_leaf": 5.0}
+    rank1 = {"tree/replays": 1.0, "tree/replayed_lines": 3.0, "tree/replay_ms_per_line": 2.0, "tree/leaves": 4.0,
+             "tree/branch_points": 3.0, "tree/cut_lines_back": 0.0, "tree/generated_tokens_per_leaf": 9.0}
+    merged = merge_tree_figures([(rank0, 4), (rank1, 4)])
+    assert merged["tree/replay_ms_per_line"] == pytest.approx((10 + 3 * 2) / 4)  # 16 ms over 4 replayed lines
+    assert merged["tree/cut_lines_back"] == pytest.approx(2 / 4)  # 2 lines over 4 branch points
+    assert merged["tree/generated_tokens_per_leaf"] == pytest.approx(7.0)
+    assert merged["tree/leaves"] == 8 and merged["tree/replays"] == 2 and merged["tree/branch_points"] == 4
+    assert merge_tree_figures([({"gen_steps": 3.0}, 8)]) == {}
 
 
 # -- the trainer ---------------------------------------------------------------------------------------------------
@@ -251,6 +273,7 @@ def test_two_processes_agree_on_the_tree_waves_and_keep_trees_whole(two_line_mod
         assert r["dynsamp/groups_kept"] == 2 or r["dynsamp/bound_reached"] == 1
         assert r["episodes"] == 4 * r["dynsamp/groups_drawn"]  # every tree of both ranks, 4 leaves each
         assert r["rank_weight_drift"] == 0.0, "the ranks' weights diverged"
+        assert r["tree/leaves"] == r["episodes"], "the tree figures are every rank's, not the main process's"
     # the samples of each step: the first leaf of the first two trees drawn (one per problem)
     samples = [json.loads(s) for s in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all(s["tree_nodes"] for s in samples)
