@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/shaping_collect.py, beside this file
-from shaping_collect import BANNER_END, collect  # noqa: E402
+from shaping_collect import BANNER_END, collect, splice  # noqa: E402
 
 from replrl.compare import mean_ci, paired_bootstrap, train_mean  # noqa: E402
 from replrl.config import Config  # noqa: E402
@@ -575,9 +575,8 @@ def befores_of(
     return befores, notes
 
 
-def page(out: Path, control_dir: Path | None, commands: str) -> str:
-    """The results page from the collected records under ``out`` (``arm1/``, ``arm2/``) and arm 1's control."""
-    arms = load_arms(out, control_dir)
+def page(arms: dict[str, dict[str, list[RunRecords]]], commands: str) -> str:
+    """The results page from the collected runs (``load_arms``)."""
     lines = [
         "# Results: credit per line from outcomes (issue 34)",
         "",
@@ -605,27 +604,22 @@ README_END = "<!-- line-credit table: end -->"
 
 
 def planned(arm: str) -> tuple[list[str], list[int]]:
-    """The variants (arm 1: its control first) and seeds the arm's sweep spec plans."""
+    """The variants and seeds the arm's sweep spec plans (arm 1's control is not among them: it ran before)."""
     from replrl.sweep import load_spec
 
     raw = load_spec(SPECS[arm])[0]
-    variants = list(raw.get("variants", {}))
-    return ([CONTROL] if arm == "arm1" else []) + [v for v in variants if v != CONTROL or arm != "arm1"], list(
-        raw.get("seeds", [0])
-    )
+    return list(raw.get("variants", {})), list(raw.get("seeds", [0]))
 
 
-def headline(out: Path, control_dir: Path | None) -> str:
+def headline(arms: dict[str, dict[str, list[RunRecords]]]) -> str:
     """The README's table: per arm, held-out accuracy on every task (all levels) before and after training and each
-    variant's paired difference to the control, over the runs collected so far (how many of the planned runs that
-    is, said above the table)."""
-    arms = load_arms(out, control_dir)
+    variant's paired difference to the control, over the runs collected so far (``load_arms``; how many of the
+    planned runs that is, said above the table)."""
     counts = []
     for arm in ARMS:
         variants, seeds = planned(arm)
-        new_runs = [v for v in variants if not (arm == "arm1" and v == CONTROL)]  # arm 1's control: committed before
-        have = sum(len(arms[arm].get(v, [])) for v in new_runs)
-        counts.append(f"{ARMS[arm][1].split(':')[0].lower()} {have} of {len(new_runs) * len(seeds)}")
+        have = sum(len(arms[arm].get(v, [])) for v in variants)
+        counts.append(f"arm {arm[3:]} {have} of {len(variants) * len(seeds)}")
     lines = [
         f"Runs collected: {' and '.join(counts)} (arm 1's control: the shaping sweep's "
         f"{len(arms['arm1'].get(CONTROL, []))} `{CONTROL}` runs). Accuracy: mean over seeds [95% t-interval]. "
@@ -634,7 +628,7 @@ def headline(out: Path, control_dir: Path | None) -> str:
         "",
     ]
     for arm, (main_task, heading) in ARMS.items():
-        names, _ = planned(arm)
+        names = ([CONTROL] if arm == "arm1" else []) + planned(arm)[0]
         variants = arms[arm]
         befores, _ = befores_of(arms, arm)
         head = [heading.split(": ", 1)[1], "untrained", *(f"`{v}`" for v in names)]
@@ -656,17 +650,6 @@ def headline(out: Path, control_dir: Path | None) -> str:
                     lines.append(f"| difference to `{CONTROL}` on {shown} |  | " + " | ".join(diffs) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
-
-
-def splice(readme: Path, text: str) -> None:
-    """Put ``text`` between the README's two marker lines."""
-    doc = readme.read_text()
-    if doc.count(README_BEGIN) != 1 or README_END not in doc.split(README_BEGIN, 1)[1]:
-        raise SystemExit(
-            f"line_credit_collect: {readme} needs one {README_BEGIN!r} line and, after it, one {README_END!r} line"
-        )
-    head, rest = doc.split(README_BEGIN, 1)
-    readme.write_text(head + README_BEGIN + "\n\n" + text.strip() + "\n\n" + README_END + rest.split(README_END, 1)[1])
 
 
 def _sweep_order(path: Path) -> list[str]:
@@ -727,10 +710,11 @@ def main(argv: list[str] | None = None) -> None:
         baseline = CONTROL if with_control or (args.out / arm / CONTROL).is_dir() else None
         compare(paths, out=args.out / arm / "compare", baseline=baseline)
     args.page.parent.mkdir(parents=True, exist_ok=True)
-    args.page.write_text(page(args.out, args.control, COMMANDS))
+    arms = load_arms(args.out, args.control)
+    args.page.write_text(page(arms, COMMANDS))
     print(f"wrote {args.page}")
     if args.readme:
-        splice(args.readme, headline(args.out, args.control))
+        splice(args.readme, headline(arms), README_BEGIN, README_END, "line_credit_collect")
         print(f"updated the table in {args.readme}")
 
 

@@ -301,14 +301,14 @@ def tables(out: Path, baseline: str = "outcome_only") -> str:
 BEGIN, END = "<!-- shaping tables: begin (bench/shaping_collect.py --readme) -->", "<!-- shaping tables: end -->"
 
 
-def splice(readme: Path, text: str) -> None:
-    """Put ``text`` between the page's BEGIN and END markers (the markers stay), so the page's tables are the
+def splice(readme: Path, text: str, begin: str = BEGIN, end: str = END, who: str = "shaping_collect") -> None:
+    """Put ``text`` between the page's ``begin`` and ``end`` markers (the markers stay), so the page's tables are the
     collected results' own figures."""
     doc = readme.read_text()
-    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
-        raise SystemExit(f"shaping_collect: {readme} needs one {BEGIN!r} line and, after it, one {END!r} line")
-    head, rest = doc.split(BEGIN)
-    readme.write_text(head + BEGIN + "\n\n" + text.strip() + "\n\n" + END + rest.split(END, 1)[1])
+    if doc.count(begin) != 1 or doc.count(end) != 1 or doc.index(begin) > doc.index(end):
+        raise SystemExit(f"{who}: {readme} needs one {begin!r} line and, after it, one {end!r} line")
+    head, rest = doc.split(begin)
+    readme.write_text(head + begin + "\n\n" + text.strip() + "\n\n" + end + rest.split(end, 1)[1])
 
 
 def restore(out: Path, sweep: Path) -> list[Path]:

@@ -371,7 +371,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     broken = tmp_path / "broken.md"
     broken.write_text("no markers\n")
     with pytest.raises(SystemExit, match="needs one"):
-        lc.splice(broken, "table")
+        lc.splice(broken, "table", lc.README_BEGIN, lc.README_END)
 
 
 def test_the_readme_s_line_credit_table_is_made_from_the_committed_records() -> None:
@@ -380,7 +380,8 @@ def test_the_readme_s_line_credit_table_is_made_from_the_committed_records() -> 
     lc = load_collector()
     readme = (ROOT / "README.md").read_text()
     between = readme.split(lc.README_BEGIN, 1)[1].split(lc.README_END, 1)[0]
-    assert between == "\n\n" + lc.headline(ROOT / "docs" / "results" / "line_credit", CONTROL).strip() + "\n\n"
+    arms = lc.load_arms(ROOT / "docs" / "results" / "line_credit", CONTROL)
+    assert between == "\n\n" + lc.headline(arms).strip() + "\n\n"
 
 
 def test_the_collector_reads_the_committed_control_as_its_run_logged_it() -> None:
