@@ -123,11 +123,13 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--tokens", type=int, default=96, help="model tokens each episode samples")
     ap.add_argument("--line-tokens", type=int, default=24)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the model's (bfloat16 on a GPU, as users run it; vLLM then uses FlashAttention)")
     args = ap.parse_args()
     Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     if GEN_THREADS:
         torch.set_num_threads(GEN_THREADS)  # model.generate gets the thread count HF's REPL rollouts run with
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=getattr(torch, args.dtype))
     model.eval()
     rows = load_task("gsm8k", data=args.data).rows("test")
     sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)

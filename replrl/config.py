@@ -37,6 +37,10 @@ class ModelConfig:
     sync_timeout_s: float = 300.0
     """vllm: seconds one weight sync into the engine may take (after every optimizer step); a sync that takes
     longer stops the run with a one-line error instead of hanging (docs/gpu.md has the measured sync times)."""
+    sync_transport: str = "auto"
+    """vllm: how the weights reach the engine after every optimizer step: auto (cuda_ipc when the trainer and the
+    engine share a GPU, else shm), cuda_ipc (a buffer on the GPU opened by CUDA IPC), shm (a shared-memory file)
+    or rpc (bytes through vLLM's RPC; slowest)."""
     gpu_memory_utilization: float = 0.3
     """vllm on a GPU: the share of the GPU's memory the engine takes for its weights and KV cache; the trainer's
     model, optimizer state and activations need the rest (docs/gpu.md)."""
@@ -44,6 +48,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         check_choice("model.backend", self.backend, ("hf", "vllm", "auto"))
+        check_choice("model.sync_transport", self.sync_transport, ("auto", "cuda_ipc", "shm", "rpc"))
         if self.lora_rank < 0:
             raise ConfigError("model.lora_rank must be >= 0")
         if not self.sync_timeout_s > 0:

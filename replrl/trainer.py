@@ -199,6 +199,7 @@ class Trainer:
             self.ref_model.to(self.accelerator.device)
         self.generator = load_generator(cfg.model.backend, self.accelerator.unwrap_model(self.model), self.tokenizer,
                                         device=self.accelerator.device, sync_timeout_s=cfg.model.sync_timeout_s,
+                                        sync_transport=cfg.model.sync_transport,
                                         gpu_memory_utilization=cfg.model.gpu_memory_utilization)
         self.rewards = RewardModel.from_config(cfg.rewards)
         self.rules = EpisodeRules.from_config(cfg.rollout)
@@ -460,6 +461,12 @@ class Trainer:
         t_sync = time.perf_counter()
         self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
         metrics["time/sync_weights_s"] = time.perf_counter() - t_sync
+        if transport := getattr(self.generator, "last_sync_transport", ""):
+            metrics[f"sync/{transport}"] = 1.0  # which way the weights went (vLLM's auto: cuda_ipc or shm)
+        device = self.accelerator.device
+        if device.type == "cuda":  # the trainer's own peak (a vLLM engine's memory is its process's, not in this)
+            metrics["mem/trainer_gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            metrics["mem/trainer_gpu_reserved_gib"] = torch.cuda.memory_reserved(device) / 2**30
         self.scheduler.step()
         self.step += 1
         # 6. log (evaluation and checkpoints are decided in train())

@@ -31,14 +31,13 @@ from replrl.tree import TreeShape  # noqa: E402
 from replrl.types import SamplingParams, Trajectory  # noqa: E402
 from sandbox import KernelPool, Limits, run_sync  # noqa: E402
 from tests.scripted import SCRIPTS, ScriptTask, script_sequences, teach_scripts  # noqa: E402
+from tests.test_backend_vllm import ATOL, EAGER  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 TREE = TreeShape(roots=2, branch_at=(2, 4), width=2)
 TASK = ScriptTask({name: SCRIPTS[name] for name in ("many", "wrong")})
 RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)
 SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=8, max_total_tokens=400, seed=1)
-ATOL = 1e-4
-"""The flat vLLM tests' tolerance on log-probs (tests/test_backend_vllm.py)."""
 BLOCK = 32
 """The engine's KV block on the CPU (replrl/backends/vllm.py): the prefix cache finds prompts in whole blocks."""
 
@@ -62,7 +61,8 @@ def scripted(pool):
 def engine(scripted):
     model, tokenizer = scripted
     gen = vllm_backend.VLLMGenerator(model, tokenizer, max_model_len=1024, kv_cache_gib=0.5,
-                                     engine_args={"disable_log_stats": False})  # the prefix-cache counters below
+                                     engine_args={"disable_log_stats": False,  # the prefix-cache counters below
+                                                  **(EAGER or {})})
     yield gen
     gen.close()
 

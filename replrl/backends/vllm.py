@@ -21,16 +21,20 @@ The distribution sampled from is ``replrl.backends.sampling.sampling_logprobs``'
 
 Weights: the engine starts from the model's config with placeholder weights (``load_format="dummy"``) and
 ``sync_weights(model)`` copies the module's weights in, then resets the prefix cache, so no KV computed by the old
-weights is reused. The trainer calls it after every optimizer step. The weights travel through shared memory
-(``sync_transport="shm"``): the trainer writes them into one file under /dev/shm at fixed offsets, and vLLM's
+weights is reused. The trainer calls it after every optimizer step. On the CPU the weights travel through shared
+memory (``sync_transport="shm"``): the trainer writes them into one file under /dev/shm at fixed offsets, and vLLM's
 worker (a ``collective_rpc`` to a worker extension, with only the file's name and the table of offsets) maps the
-same file and hands views of it to vLLM's in-place ``reload_weights``. ``"rpc"`` sends the bytes through the RPC
-instead (slower: every byte is serialized and copied through two processes). LoRA adapters are merged for the
-copy. A sync that does not finish within ``sync_timeout_s`` fails with one line (``WeightSyncTimeout``).
+same file and hands views of it to vLLM's in-place ``reload_weights``. With the trainer and the engine on one GPU
+(``"cuda_ipc"``, what ``"auto"`` picks there) the flat buffer is on the GPU and the worker opens it by CUDA IPC
+once: a sync is two device-to-device copies; if that fails, ``"auto"`` falls back to shared memory with a
+warning. ``"rpc"`` sends the bytes through the RPC instead (slower: every byte is serialized and copied
+through two processes). LoRA adapters are merged for the copy. A sync that does not finish within
+``sync_timeout_s`` fails with one line (``WeightSyncTimeout``).
 
 The engine lives on its own event loop thread (sessions may be driven from any loop, e.g. ``asyncio.run`` in a
-test or the sandbox's loop thread); on the CPU vLLM starts its engine and worker as spawned processes, so a
-script that creates a VLLMGenerator needs the ``if __name__ == "__main__":`` guard.
+test or the sandbox's loop thread). vLLM starts its engine as a spawned process (this module sets
+``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless it is set: a forked engine fails on a GPU once the parent has touched
+CUDA), so a script that creates a VLLMGenerator needs the ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import threading
@@ -52,6 +57,9 @@ from typing import Any, TypeVar
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs every request at INFO
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# vLLM forks its engine process unless CUDA is initialised in this one, and a fork after CUDA's driver was touched
+# (torch.cuda.is_available() does) fails in the child with "CUDA error: initialization error": always spawn
+os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 import torch  # noqa: E402
 
@@ -80,8 +88,9 @@ _T = TypeVar("_T")
 
 LINE_RULE_KEY = "replrl_line_rule"
 """``SamplingParams.extra_args`` key: the request is one line (the line rule and line-start mask apply)."""
-SYNC_TRANSPORTS = ("shm", "rpc")
-"""How ``sync_weights`` moves weights into the engine: a shared-memory file, or bytes through vLLM's RPC."""
+SYNC_TRANSPORTS = ("auto", "cuda_ipc", "shm", "rpc")
+"""How ``sync_weights`` moves weights into the engine: ``auto`` (``cuda_ipc`` for weights on the engine's GPU, else
+``shm``), a buffer on the GPU opened by CUDA IPC, a shared-memory file, or bytes through vLLM's RPC."""
 MASKS_FILE = "replrl_token_masks.pt"
 """The sampler's masks, written next to the engine's config for the logits processor to load."""
 
@@ -145,6 +154,26 @@ class WeightSyncExtension:
             self._replrl_shared = mapped
         return self._replrl_reload(table, mapped[1])
 
+    def replrl_load_cuda(self, handle: bytes, gpu_uuid: str, table: list[tuple[str, str, list[int], int]]) -> int:
+        """The same from the trainer's CUDA buffer (``CudaWeights``), opened by CUDA IPC once and kept open: a
+        device-to-device copy into the engine's weights. ``gpu_uuid`` is the trainer's GPU: the engine must be on
+        the same one."""
+        mapped = getattr(self, "_replrl_cuda", None)
+        if mapped is None or mapped[0] != handle:
+            device = torch.device(self.device)  # type: ignore[attr-defined]
+            mine = str(torch.cuda.get_device_properties(device).uuid)
+            if mine != gpu_uuid:
+                raise RuntimeError(f"sync_transport 'cuda_ipc' needs the engine on the trainer's GPU ({gpu_uuid}); "
+                                   f"it is on {mine}: use sync_transport 'shm'")
+            rebuild, args = pickle.loads(handle)
+            args = list(args)
+            args[6] = device.index if device.index is not None else torch.cuda.current_device()  # this process's
+            mapped = (handle, rebuild(*args))
+            self._replrl_cuda = mapped
+        loaded = self._replrl_reload(table, mapped[1])
+        torch.cuda.synchronize(mapped[1].device)  # read to the end before the trainer may write the buffer again
+        return loaded
+
     def _replrl_reload(self, table: list[tuple[str, str, list[int], int]], flat: torch.Tensor) -> int:
         # vLLM's in-place reload: checkpoint-format weights through each layer's loader, then the layer's
         # post-processing again (e.g. the CPU's repacked linear weights)
@@ -182,7 +211,52 @@ def pack_weights(named: list[tuple[str, torch.Tensor]]) -> tuple[WeightTable, by
     return table, flat.numpy().tobytes()
 
 
-class SharedWeights:
+class FlatWeights:
+    """A model's weights in one flat byte buffer at the offsets of ``weight_table``, written in place every sync;
+    the buffer (``flat``) is the subclass's: a shared-memory file or a CUDA allocation."""
+
+    table: WeightTable
+    nbytes: int
+    flat: torch.Tensor
+
+    def fits(self, named: list[tuple[str, torch.Tensor]]) -> bool:
+        """The same names, dtypes and shapes as the table (the buffer can be written again)."""
+        return weight_table(named)[0] == self.table
+
+    def write(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy the tensors into the buffer (from any device)."""
+        for (_, dtype, shape, offset), (_, t) in zip(self.table, named, strict=True):
+            _unflatten(self.flat, dtype, shape, offset).copy_(t.detach())
+
+    def close(self) -> None:
+        pass
+
+
+class CudaWeights(FlatWeights):
+    """The weights in one buffer on the trainer's GPU, shared with vLLM's worker by CUDA IPC (``handle``: what
+    ``torch.multiprocessing`` pickles for a CUDA tensor): a sync is a device-to-device copy into the buffer, then
+    one from it into the engine's weights, with no trip through host memory. Needs the engine on the same GPU."""
+
+    def __init__(self, named: list[tuple[str, torch.Tensor]]):
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self.table, self.nbytes = weight_table(named)
+        device = named[0][1].device
+        if device.type != "cuda":
+            raise ValueError(f"CudaWeights needs weights on a CUDA device, not {device}")
+        self.flat = torch.empty(max(self.nbytes, 1), dtype=torch.uint8, device=device)  # [bytes]
+        self.handle = pickle.dumps(reduce_tensor(self.flat))
+        self.gpu_uuid = str(torch.cuda.get_device_properties(device).uuid)
+
+    def write(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        super().write(named)
+        torch.cuda.synchronize(self.flat.device)  # the worker reads on its own stream, in another process
+
+    def close(self) -> None:
+        self.flat = torch.empty(0, dtype=torch.uint8)
+
+
+class SharedWeights(FlatWeights):
     """A model's weights in one shared-memory file, at the offsets of ``weight_table``: the trainer writes them
     (``write``), vLLM's worker maps the same file and reads them in place. The file is removed by ``close`` (or
     when this object is collected)."""
@@ -199,15 +273,6 @@ class SharedWeights:
         finally:
             os.close(fd)
         self.flat = torch.from_file(self.path, shared=True, size=max(self.nbytes, 1), dtype=torch.uint8)  # [bytes]
-
-    def fits(self, named: list[tuple[str, torch.Tensor]]) -> bool:
-        """The same names, dtypes and shapes as the table (a file can be written again)."""
-        return weight_table(named)[0] == self.table
-
-    def write(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy the tensors into the file (from any device)."""
-        for (_, dtype, shape, offset), (_, t) in zip(self.table, named, strict=True):
-            _unflatten(self.flat, dtype, shape, offset).copy_(t.detach())
 
     def close(self) -> None:
         self._finalizer()
@@ -489,12 +554,15 @@ class VLLMGenerator:
     """Generator over vLLM's async engine, started from a transformers model (see the module docstring).
 
     ``model`` is the policy module (its config and dtype define the engine's model; its weights are copied in by
-    ``sync_weights``). ``kv_cache_gib`` bounds the KV cache on the CPU (default 2 GiB); on a GPU the engine takes
-    ``gpu_memory_utilization`` of its memory (weights and KV cache; the trainer holds its own copy beside it).
+    ``sync_weights``). ``kv_cache_gib`` is the KV cache's size (on the CPU, default 2 GiB); on a GPU, unless
+    ``kv_cache_gib`` is given, the engine takes ``gpu_memory_utilization`` of its memory (weights and KV cache; the
+    trainer holds its own copy beside it) and sizes its KV cache by profiling.
     ``max_model_len`` bounds prompt plus line (default: the model's). ``logit_bias`` (id -> value) is added to the
     logits before everything else, as an output-layer bias would be (tests use it to make tiny random models end
-    lines). ``sync_transport`` is how ``sync_weights`` moves the weights (``shm``: a shared-memory file; ``rpc``:
-    through vLLM's RPC), ``sync_timeout_s`` the bound on one sync. ``engine_args`` go to vLLM's
+    lines). ``sync_transport`` is how ``sync_weights`` moves the weights (``auto``: ``cuda_ipc`` when the trainer's
+    weights and the engine are on a GPU, else ``shm``; ``cuda_ipc``: a buffer on the trainer's GPU the worker opens
+    by CUDA IPC; ``shm``: a shared-memory file; ``rpc``: through vLLM's RPC), ``sync_timeout_s`` the bound on one
+    sync. ``engine_args`` go to vLLM's
     ``AsyncEngineArgs`` as they are.
     """
 
@@ -508,7 +576,7 @@ class VLLMGenerator:
         max_model_len: int | None = None,
         logit_bias: dict[int, float] | None = None,
         seed: int = 0,
-        sync_transport: str = "shm",
+        sync_transport: str = "auto",
         sync_timeout_s: float = 300.0,
         engine_args: dict[str, Any] | None = None,
     ):
@@ -517,9 +585,12 @@ class VLLMGenerator:
         if not sync_timeout_s > 0:
             raise ValueError("sync_timeout_s must be > 0")
         self.sync_transport, self.sync_timeout_s = sync_transport, float(sync_timeout_s)
-        self._shared: SharedWeights | None = None
+        self._shared: FlatWeights | None = None
+        self._ipc_failed = False
         self.last_sync_s = float("nan")
         """Seconds the last ``sync_weights`` took."""
+        self.last_sync_transport = ""
+        """The transport the last ``sync_weights`` used (``auto`` resolved)."""
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
@@ -549,8 +620,14 @@ class VLLMGenerator:
             worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
             max_model_len=max_model_len, disable_log_stats=True,
         )
+        self._cuda = cuda
         if cuda:
             args["gpu_memory_utilization"] = gpu_memory_utilization
+            if kv_cache_gib is not None:  # a fixed KV cache: no memory profiling (which assumes no other process
+                args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)  # on the GPU changes its use meanwhile)
+            # vLLM 0.26 schedules asynchronously on CUDA by default, and its streaming-input requests then can keep
+            # tokens still in flight when a line stops (vLLM #35755, #52693): one step at a time, as on the CPU
+            args["async_scheduling"] = False
         else:
             args["kv_cache_memory_bytes"] = int((kv_cache_gib or 2.0) * 2**30)
             # the smallest block the CPU attention takes: prompts shared between rows (a GRPO group's) are found
@@ -584,20 +661,54 @@ class VLLMGenerator:
         deadline = t0 + self.sync_timeout_s
         with merged(model), torch.no_grad():
             named = list(hf_weights(model))
-            if self.sync_transport == "shm":
-                if self._shared is None or not self._shared.fits(named):
-                    if self._shared is not None:
-                        self._shared.close()
-                    self._shared = SharedWeights(named)
-                self._shared.write(named)
-                method, args = "replrl_load_shared", (self._shared.path, self._shared.nbytes, self._shared.table)
-            else:
-                method, args = "replrl_load_weights", pack_weights(named)
-        # the bound is ours, not vLLM's: a collective_rpc timeout inside the engine kills the engine core
-        self._bounded(self.engine.collective_rpc(method, args=args), deadline)
+            transport = self._transport(named)
+            try:
+                self._load(named, transport, deadline)
+            except WeightSyncTimeout:
+                raise
+            except Exception as e:
+                if self.sync_transport != "auto" or transport != "cuda_ipc":
+                    raise
+                # auto's first choice failed (the engine on another GPU, IPC not allowed here): shared memory from
+                # now on, which works wherever the engine runs
+                logging.getLogger(__name__).warning("weight sync by CUDA IPC failed (%s); using shared memory",
+                                                    str(e).strip().splitlines()[-1] if str(e).strip() else e)
+                self._ipc_failed = True
+                transport = "shm"
+                self._load(named, transport, deadline)
         if not self._bounded(self.engine.reset_prefix_cache(), deadline):
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
         self.last_sync_s = time.perf_counter() - t0
+        self.last_sync_transport = transport
+
+    def _transport(self, named: list[tuple[str, torch.Tensor]]) -> str:
+        """``sync_transport`` with ``auto`` resolved: CUDA IPC when the weights and the engine are on a GPU (and
+        it has not failed here before), else shared memory."""
+        if self.sync_transport != "auto":
+            return self.sync_transport
+        on_gpu = self._cuda and bool(named) and named[0][1].is_cuda
+        return "cuda_ipc" if on_gpu and not self._ipc_failed else "shm"
+
+    def _load(self, named: list[tuple[str, torch.Tensor]], transport: str, deadline: float) -> None:
+        """Write the weights for ``transport`` and have the worker load them."""
+        if transport in ("shm", "cuda_ipc"):
+            kind = CudaWeights if transport == "cuda_ipc" else SharedWeights
+            if not isinstance(self._shared, kind) or not self._shared.fits(named):
+                if self._shared is not None:
+                    self._shared.close()
+                self._shared = None
+                self._shared = kind(named)
+            shared = self._shared
+            shared.write(named)
+            if isinstance(shared, CudaWeights):
+                method, args = "replrl_load_cuda", (shared.handle, shared.gpu_uuid, shared.table)
+            else:
+                assert isinstance(shared, SharedWeights)
+                method, args = "replrl_load_shared", (shared.path, shared.nbytes, shared.table)
+        else:
+            method, args = "replrl_load_weights", pack_weights(named)
+        # the bound is ours, not vLLM's: a collective_rpc timeout inside the engine kills the engine core
+        self._bounded(self.engine.collective_rpc(method, args=args), deadline)
 
     def _bounded(self, coro: Coroutine[Any, Any, _T], deadline: float) -> _T:
         """Run ``coro`` on the engine's loop; ``WeightSyncTimeout`` if it is not done by ``deadline``."""

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The checks and figures of the vLLM backend on a lent GPU, in one call: run in the repository root on the device
+# after the bundle of ../shared/gpu/README.md is unpacked (/tmp/site, /tmp/cache) and the 0.5B's config carried
+# as .gpucfg/cfg.tar.xz (config.json and the tokenizer's files). Every step has its own time limit inside BUDGET seconds and writes its log to $OUT, so what finished
+# comes back even when a later step does not.
+#
+#   OUT=/tmp/out BUDGET=540 bash bench/gpu_check.sh
+set -u
+BUDGET=${BUDGET:-540}
+export PYTHONPATH=/tmp/site:$PWD REPLRL_CACHE=/tmp/cache HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+left() { echo $(( BUDGET - SECONDS )); }
+step() {  # step NAME SECONDS COMMAND...: run COMMAND with at most SECONDS (less if the budget is nearly spent)
+  local name=$1 limit=$2; shift 2
+  local t=$(( $(left) < limit ? $(left) : limit ))
+  if [ "$t" -lt 20 ]; then echo "[$SECONDS s] $name: skipped (budget spent)" | tee -a "$OUT/summary.log"; return; fi
+  local t0=$SECONDS
+  timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "[$SECONDS s] $name: rc $rc in $(( SECONDS - t0 )) s (limit $t s)" | tee -a "$OUT/summary.log"
+  tail -n 3 "$OUT/$name.log"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/summary.log"
+python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1 | tee -a "$OUT/summary.log"
+python3 -c "from sandbox import Limits; print('sandbox isolation:', Limits().resolve_isolation())" 2>&1 | tail -1 | tee -a "$OUT/summary.log"
+mkdir -p /tmp/qcfg && tar -xJf .gpucfg/cfg.tar.xz -C /tmp/qcfg
+python3 bench/random_weights.py /tmp/qcfg /tmp/qwen05b-random --dtype bfloat16 2>&1 | tail -1 | tee -a "$OUT/summary.log"
+
+# every GPU process's memory, every 5 s (the engines' and the trainers' side by side)
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader -l 5 > "$OUT/gpu_apps.log" 2>&1 &
+SAMPLER=$!
+# 1. the backend's tests on the GPU (fp32 tiny models, Triton attention), beside two short GRPO runs of SmolLM2,
+#    one with each backend (their step times are upper bounds: the three share the GPU)
+( step tests 210 python3 -m pytest -o addopts= -p no:cacheprovider -p no:benchmark -n 2 -q -rs --timeout 600 \
+    tests/test_backend_vllm.py tests/test_tree_vllm.py ) &
+TESTS=$!
+GRPO=()
+for b in hf vllm; do
+  ( step grpo_$b 190 python3 -m replrl train --model.backend $b --max-steps 3 --run.eval_n 8 --no-progress \
+      --run-dir /tmp/grpo-$b ) &
+  GRPO+=($!)
+  sleep 10  # staggered: the SmolLM2 conversion (GGUF to a checkpoint in the cache) is done once first
+done
+wait "$TESTS" "${GRPO[@]}"  # not a bare wait: the memory sampler runs until the end
+for b in hf vllm; do sed "s/^{/{\"backend\": \"$b\", /" /tmp/grpo-$b/metrics.jsonl; done > "$OUT/grpo_metrics.jsonl"
+# 2. weight sync, the 0.5B's architecture (random weights), fp32 as on the CPU: CUDA IPC, shared memory, RPC
+step sync 150 python3 bench/sync_weights.py --models qwen05b --model-dir qwen05b=/tmp/qwen05b-random --syncs 4 --eager
+# 3. REPL rollouts, vLLM against HF, bf16, batches 32 and 128 (the engine compiled, with CUDA graphs)
+step backends 240 python3 bench/backends.py --model /tmp/qwen05b-random --dtype bfloat16 --batches 32 128 \
+  --data tests/data/gsm8k/test.jsonl
+kill $SAMPLER 2>/dev/null
+echo "[$SECONDS s] done" | tee -a "$OUT/summary.log"
