@@ -16,9 +16,15 @@ tokens per row from the same prompts, no REPL: ``model.generate`` for HF, one vL
   once), then plain generation of the same model tokens. The first is what the line-by-line loop costs (requests,
   rows away while their line runs); the second what reading the interpreter's tokens costs.
 
-Every timed run starts from an empty vLLM prefix cache, so vLLM's plain generation prefills its prompts like
+Each backend first runs an untimed short REPL rollout at each batch size (16 tokens a row: on a GPU the first
+steps of a shape compile or tune kernels; the first H200 run had no warm-up). Every timed run starts from an empty
+vLLM prefix cache, so vLLM's plain generation prefills its prompts like
 ``model.generate`` and like the REPL rollouts do; ``model.generate`` runs with the torch threads of HF's REPL
 rollouts (``replrl.backends.hf.GEN_THREADS``, 1 on a small CPU).
+
+Per line, each backend also reports how long a row waited for its line to be sampled (``*_wait_line_ms``: the
+row's share of the batch's generation, and whatever the loop adds) and for the kernel to run it (``*_exec_ms``, as
+the row sees it: the sandbox's round trip and the event loop's turn), with ``*_lines_per_row``.
 
 The top-level figures are those of the first batch size; ``batches`` holds every batch size's. The vLLM engine's
 start (and the first weight copy) is timed apart, not in any of these. Needs vllm (on a CPU: the second
@@ -58,7 +64,7 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
     """B episodes through ``gen``, each writing lines into its own kernel until it has sampled ``tokens`` tokens."""
     tok = gen.tokenizer
     session = gen.session(prompts, sampling)
-    totals = {"model": 0, "env": 0, "lines": 0}
+    totals = {"model": 0, "env": 0, "lines": 0, "wait_line_s": 0.0, "exec_s": 0.0}
     env_ids: list[list[int]] = [[] for _ in prompts]
     t0 = time.perf_counter()
 
@@ -70,10 +76,14 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
             while sampled < tokens:
                 env_ids[i] += env  # what the model reads (the last line's output is never fed)
                 totals["env"] += len(env)
+                t_line = time.perf_counter()
                 line = await session.next_line(i, env)
+                t_exec = time.perf_counter()
                 sampled += len(line.token_ids)
                 text = tok.decode(line.token_ids)
                 step = await repl.feed(code_of(text[:-1] if text.endswith("\n") else text.replace("\n", " ")))
+                totals["wait_line_s"] += t_exec - t_line  # this row waiting for its line (its share of the batch)
+                totals["exec_s"] += time.perf_counter() - t_exec  # the line in its kernel, as the row sees it
                 env = env_token_ids(tok, step.output, step.next_prompt, 64)
                 totals["model"] += len(line.token_ids)
                 totals["lines"] += 1
@@ -147,6 +157,8 @@ def main() -> None:
                        for i in range(b)]
             fig: dict[str, float] = {}
             for name, gen in gens.items():
+                # untimed warm-up at this batch size: a GPU engine's first steps of a shape compile or tune kernels
+                run_sync(repl_rollouts(gen, pool, prompts, min(args.tokens, 16), sampling))
                 cold(gen)
                 run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
                 per_row = run["model"] / b
@@ -157,7 +169,10 @@ def main() -> None:
                         f"{name}_env_tokens_per_row": round(run["env"] / b, 1),
                         f"{name}_repl_tokens_per_s": round(run["model"] / run["wall"], 1),
                         f"{name}_plain_tokens_per_s": round(round(per_row) * b / plain, 1),
-                        f"{name}_repl_vs_plain_ratio": round(run["wall"] / plain, 3)}
+                        f"{name}_repl_vs_plain_ratio": round(run["wall"] / plain, 3),
+                        f"{name}_lines_per_row": round(run["lines"] / b, 1),
+                        f"{name}_wait_line_ms": round(1000 * run["wait_line_s"] / max(run["lines"], 1), 1),
+                        f"{name}_exec_ms": round(1000 * run["exec_s"] / max(run["lines"], 1), 1)}
                 if name == "vllm":
                     stats = run["stats"]
                     fig["vllm_context_reuse_rate"] = round(stats["cached_tokens"] / max(stats["prompt_tokens"], 1), 3)
@@ -181,7 +196,8 @@ def main() -> None:
                 f = {k.removeprefix(f"{name}_"): v for k, v in fig.items() if k.startswith(f"{name}_")}
                 print(f"  {name:5s} REPL rollouts {f['repl_s']:7.2f} s ({f['repl_tokens_per_s']:6.1f} tok/s)   "
                       f"plain {f['plain_s']:7.2f} s ({f['plain_tokens_per_s']:6.1f} tok/s)   "
-                      f"ratio {f['repl_vs_plain_ratio']:.2f}x")
+                      f"ratio {f['repl_vs_plain_ratio']:.2f}x   per line ({f['lines_per_row']:.1f} a row): waiting "
+                      f"for it {f['wait_line_ms']:.0f} ms, running it {f['exec_ms']:.0f} ms")
             print(f"  vLLM vs HF rollout speedup {fig['vllm_vs_hf_rollout_speedup']:.2f}x, per token read or written "
                   f"{fig['vllm_vs_hf_speedup_per_token']:.2f}x (interpreter tokens per row: vLLM "
                   f"{fig['vllm_env_tokens_per_row']:.0f}, HF {fig['hf_env_tokens_per_row']:.0f}; context reused by "
