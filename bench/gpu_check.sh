@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks and figures of the vLLM backend on a lent GPU, in one call: run in the repository root on the device
 # after the bundle of ../shared/gpu/README.md is unpacked (/tmp/site, /tmp/cache) and the 0.5B's config carried
-# as .gpucfg/cfg.tar.xz (config.json and the tokenizer's files). Every step has its own time limit inside BUDGET seconds and writes its log to $OUT, so what finished
+# as .gpucfg/cfg.tar.xz (config.json and the tokenizer's files); bench/gpu_prepare.sh makes both here. Every step has its own time limit inside BUDGET seconds and writes its log to $OUT, so what finished
 # comes back even when a later step does not.
 #
 #   OUT=/tmp/out BUDGET=540 bash bench/gpu_check.sh

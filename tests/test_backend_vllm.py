@@ -287,6 +287,16 @@ def test_real_smollm2_token_exact():
         real.close()
 
 
+def assert_engine_samples_from(gen, tok, model) -> None:
+    """One probe line from the engine: its log-probs are ``model``'s (on the CPU) as the trainer computes them."""
+    gen.logit_bias = {one_id(tok, "\n"): 6.0}
+    params = SamplingParams(seed=3, max_line_tokens=8)
+    prompt = ids_of(tok, "x = 1\n>>>")
+    line, engine_logprobs, _ = probe_logprobs(gen, tok, prompt, params)
+    expected = trained_logprobs(with_logit_bias(model.to("cpu"), gen.logit_bias), prompt, line, params)
+    assert torch.allclose(torch.tensor(engine_logprobs), expected, atol=ATOL), (engine_logprobs, expected)
+
+
 def test_sync_that_overruns_its_bound_is_one_line_and_the_engine_recovers(gen, tok, monkeypatch):
     """A sync past ``sync_timeout_s`` raises WeightSyncTimeout (a TimeoutError: the CLI prints it as one line); a
     later sync within the bound works, and the engine then samples from the synced model."""
@@ -299,12 +309,7 @@ def test_sync_that_overruns_its_bound_is_one_line_and_the_engine_recovers(gen, t
     monkeypatch.setattr(gen, "sync_timeout_s", 300.0)
     gen.sync_weights(model)
     assert 0 < gen.last_sync_s < 300
-    gen.logit_bias = {one_id(tok, "\n"): 6.0}
-    params = SamplingParams(seed=3, max_line_tokens=8)
-    prompt = ids_of(tok, "x = 1\n>>>")
-    line, engine_logprobs, _ = probe_logprobs(gen, tok, prompt, params)
-    expected = trained_logprobs(with_logit_bias(model, gen.logit_bias), prompt, line, params)
-    assert torch.allclose(torch.tensor(engine_logprobs), expected, atol=ATOL)
+    assert_engine_samples_from(gen, tok, model)
 
 
 def test_auto_transport_is_shared_memory_for_cpu_weights_and_falls_back_when_cuda_ipc_fails(gen, tok, monkeypatch,
@@ -326,12 +331,7 @@ def test_auto_transport_is_shared_memory_for_cpu_weights_and_falls_back_when_cud
         gen.sync_weights(model)
     assert gen.last_sync_transport == "shm" and gen._ipc_failed
     assert [r.message for r in caplog.records if "CUDA IPC failed" in r.message]
-    gen.logit_bias = {one_id(tok, "\n"): 6.0}
-    params = SamplingParams(seed=3, max_line_tokens=8)
-    prompt = ids_of(tok, "x = 1\n>>>")
-    line, engine_logprobs, _ = probe_logprobs(gen, tok, prompt, params)
-    expected = trained_logprobs(with_logit_bias(model, gen.logit_bias), prompt, line, params)
-    assert torch.allclose(torch.tensor(engine_logprobs), expected, atol=ATOL)
+    assert_engine_samples_from(gen, tok, model)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs the trainer's weights on a GPU")
@@ -340,16 +340,11 @@ def test_weights_on_the_gpu_sync_by_cuda_ipc(gen, tok, monkeypatch):
     those weights (log-probs as the trainer computes them), also after a second model is written into the same
     buffer (the worker keeps the buffer open, so the copy must be complete before it reads)."""
     monkeypatch.setattr(gen, "sync_transport", "auto")
-    gen.logit_bias = {one_id(tok, "\n"): 6.0}
-    params = SamplingParams(seed=3, max_line_tokens=8)
-    prompt = ids_of(tok, "x = 1\n>>>")
     for seed in (21, 22):
         model = tiny_model(tok, seed=seed, head_dim=64)
         gen.sync_weights(model.to("cuda"))
         assert gen.last_sync_transport == "cuda_ipc"
-        line, engine_logprobs, _ = probe_logprobs(gen, tok, prompt, params)
-        expected = trained_logprobs(with_logit_bias(model.to("cpu"), gen.logit_bias), prompt, line, params)
-        assert torch.allclose(torch.tensor(engine_logprobs), expected, atol=ATOL), (seed, engine_logprobs, expected)
+        assert_engine_samples_from(gen, tok, model)
 
 
 def test_shared_weights_file_round_trip_and_removal(tok):
