@@ -53,6 +53,8 @@ def test_saved_config_round_trips(tmp_path):
     ({"rollout": {"group_size": 1}}, "rollout.group_size must be >= 2"),
     ({"loss": {"agg": "mean"}}, "loss.agg must be one of token_mean, seq_mean, constant; got 'mean'"),
     ({"rewards": {"weights": {"nope": 1.0}}}, "unknown reward term 'nope'"),
+    ({"model": {"sync_transport": "nccl"}},
+     "model.sync_transport must be one of auto, cuda_ipc, shm, rpc; got 'nccl'"),
 ])
 def test_bad_values_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError if "reward term" not in message else ValueError) as err:
