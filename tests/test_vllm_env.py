@@ -38,4 +38,8 @@ def test_vllm_backend_tests_pass_in_their_own_environment(record_property):
     if done.returncode != 0 and "vllm env: vllm" not in done.stdout:  # the environment itself could not be made
         pytest.skip(f"vllm could not be installed here: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert re.search(r"\d+ passed", done.stdout) and "skipped" not in lines[-1], lines[-5:]
+    assert re.search(r"\d+ passed", done.stdout), lines[-5:]
+    skipped = [ln for ln in lines if ln.startswith("SKIPPED")]  # -rs: one line per reason, with its count
+    assert all(ln.endswith("on a GPU") for ln in skipped), skipped  # only tests that need a GPU may skip here
+    counts = [int(n) for ln in skipped for n in re.findall(r"^SKIPPED \[(\d+)\]", ln)]
+    assert f"{sum(counts)} skipped" in lines[-1] or (not counts and "skipped" not in lines[-1]), lines[-5:]
