@@ -162,6 +162,10 @@ def main() -> None:
                 cold(gen)
                 run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
                 per_row = run["model"] / b
+                if name == "vllm":  # untimed, as above: the plain run's shapes too
+                    vllm_plain(gen, prompts, 8)
+                else:
+                    plain_generate(model, tokenizer, prompts, 8)
                 plain = (vllm_plain(gen, prompts, round(per_row)) if name == "vllm"
                          else plain_generate(model, tokenizer, prompts, round(per_row)))
                 fig |= {f"{name}_repl_s": round(run["wall"], 3), f"{name}_plain_s": round(plain, 3),

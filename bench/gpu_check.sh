@@ -28,22 +28,22 @@ python3 bench/random_weights.py /tmp/qcfg /tmp/qwen05b-random --dtype bfloat16 2
 # every GPU process's memory, every 5 s (the engines' and the trainers' side by side)
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader -l 5 > "$OUT/gpu_apps.log" 2>&1 &
 SAMPLER=$!
-# 1. the backend's tests on the GPU (fp32 tiny models, Triton attention), beside two short GRPO runs of SmolLM2,
-#    one with each backend (their step times are upper bounds: the three share the GPU)
+# 1. the backend's tests on the GPU (fp32 tiny models, Triton attention), beside a short GRPO run of SmolLM2 with
+#    vLLM (its step times are upper bounds: the two share the GPU; the first H200 session ran HF beside them too)
 ( step tests 210 python3 -m pytest -o addopts= -p no:cacheprovider -p no:benchmark -n 2 -q -rs --timeout 600 \
     tests/test_backend_vllm.py tests/test_tree_vllm.py ) &
 TESTS=$!
 GRPO=()
-for b in hf vllm; do
+for b in vllm; do
   ( step grpo_$b 190 python3 -m replrl train --model.backend $b --max-steps 3 --run.eval_n 8 --no-progress \
       --run-dir /tmp/grpo-$b ) &
   GRPO+=($!)
   sleep 10  # staggered: the SmolLM2 conversion (GGUF to a checkpoint in the cache) is done once first
 done
 wait "$TESTS" "${GRPO[@]}"  # not a bare wait: the memory sampler runs until the end
-for b in hf vllm; do sed "s/^{/{\"backend\": \"$b\", /" /tmp/grpo-$b/metrics.jsonl; done > "$OUT/grpo_metrics.jsonl"
+for b in vllm; do sed "s/^{/{\"backend\": \"$b\", /" /tmp/grpo-$b/metrics.jsonl; done > "$OUT/grpo_metrics.jsonl"
 # 2. weight sync, the 0.5B's architecture (random weights), fp32 as on the CPU: CUDA IPC, shared memory, RPC
-step sync 150 python3 bench/sync_weights.py --models qwen05b --model-dir qwen05b=/tmp/qwen05b-random --syncs 4 --eager
+step sync 150 python3 bench/sync_weights.py --models qwen05b --model-dir qwen05b=/tmp/qwen05b-random --syncs 3 --eager
 # 3. REPL rollouts, vLLM against HF, bf16, batches 32 and 128 (the engine compiled, with CUDA graphs)
 step backends 240 python3 bench/backends.py --model /tmp/qwen05b-random --dtype bfloat16 --batches 32 128 \
   --data tests/data/gsm8k/test.jsonl

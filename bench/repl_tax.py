@@ -83,8 +83,8 @@ def plain_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int) 
     """model.generate: the same prompts (left-padded), the same number of new tokens per row, sampling."""
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id or 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.no_grad():

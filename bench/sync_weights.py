@@ -1,9 +1,9 @@
 """``sync_weights`` into vLLM: the transports side by side (CUDA IPC on a GPU, shared memory, bytes through RPC).
 
 For each model: one vLLM engine (as the trainer starts it: placeholder weights, then a first sync), then
-``--syncs`` syncs with each transport, alternating (rpc, shm, rpc, shm, ...) so that both see the same machine
-load. Before every sync the weights change a little (one AdamW-sized nudge to every parameter), as after an
-optimizer step. A figure is the median of a transport's syncs after its first one. After the last sync, one
+``--syncs`` syncs with each transport, alternating (CUDA IPC on a GPU, shm, rpc, shm, rpc, ...) so that all see the
+same machine load. Before every sync the weights change a little (one AdamW-sized nudge to every parameter),
+as after an optimizer step. A figure is the median of a transport's syncs after its first one. After the last sync, one
 line is generated from the synced weights and its log-probs compared with the trainer's (a check that the
 weights arrived, printed as ``*_max_logprob_diff``).
 
@@ -75,6 +75,7 @@ def measure(spec: str, device: str, syncs: int, transports: tuple[str, ...], dty
     gen = VLLMGenerator(model, tok, device=device, max_model_len=512, kv_cache_gib=0.25,
                         engine_args={"enforce_eager": True} if eager else None)
     start_s = time.perf_counter() - t0
+    print(f"{spec} on {device}: engine started in {start_s:.1f} s", file=sys.stderr, flush=True)
     default = gen.last_sync_transport  # what "auto" picked for the first sync
     times: dict[str, list[float]] = {t: [] for t in transports}
     try:
@@ -84,6 +85,7 @@ def measure(spec: str, device: str, syncs: int, transports: tuple[str, ...], dty
                 gen.sync_transport = transport
                 gen.sync_weights(model)
                 times[transport].append(gen.last_sync_s)
+                print(f"  sync {i + 1}/{syncs} {transport}: {gen.last_sync_s:.3f} s", file=sys.stderr, flush=True)
         diff = probe_diff(gen, model, tok)
     finally:
         gen.close()
@@ -120,7 +122,7 @@ def main() -> None:
         for device in devices:
             if device == "cuda" and name == "smollm2":
                 continue
-            transports = tuple(args.transports or ["rpc", "shm", *(["cuda_ipc"] if device == "cuda" else [])])
+            transports = tuple(args.transports or [*(["cuda_ipc"] if device == "cuda" else []), "shm", "rpc"])
             r = measure(dirs.get(name, MODELS[name]), device, args.syncs, transports, getattr(torch, args.dtype),
                         args.eager)
             key = f"sync_s_{name}_{device.replace('cuda', 'gpu')}"
