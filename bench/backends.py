@@ -92,7 +92,8 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
     await asyncio.gather(*(episode(i) for i in range(len(prompts))))
     wall = time.perf_counter() - t0
     await session.aclose()
-    return {"wall": wall, **totals, "env_ids": env_ids, "stats": dict(getattr(session, "stats", {}))}
+    return {"wall": wall, **totals, "env_ids": env_ids, "stats": dict(getattr(session, "stats", {})),
+            "timing": dict(getattr(session, "timing", {}))}
 
 
 def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
@@ -178,8 +179,16 @@ def main() -> None:
                         f"{name}_wait_line_ms": round(1000 * run["wait_line_s"] / max(run["lines"], 1), 1),
                         f"{name}_exec_ms": round(1000 * run["exec_s"] / max(run["lines"], 1), 1)}
                 if name == "vllm":
-                    stats = run["stats"]
+                    stats, timing = run["stats"], run["timing"]
                     fig["vllm_context_reuse_rate"] = round(stats["cached_tokens"] / max(stats["prompt_tokens"], 1), 3)
+                    # a line's time inside the engine: to its first token, then per later token (the engine's
+                    # step as a row sees it, against plain generation's), and the caller's time between lines
+                    fig |= {"vllm_first_token_ms": round(1000 * timing["first_token_s"] / max(timing["lines"], 1), 1),
+                            "vllm_line_step_ms": round(1000 * timing["later_tokens_s"]
+                                                       / max(timing["later_tokens"], 1), 2),
+                            "vllm_plain_step_ms": round(1000 * plain / max(round(per_row), 1), 2),
+                            "vllm_between_lines_ms": round(1000 * timing["between_lines_s"]
+                                                           / max(timing["lines"] - b, 1), 1)}
                     # the same tokens without the line-by-line loop: each row's interpreter tokens appended to its
                     # prompt (prefilled at once), then plain generation of the same model tokens
                     same = vllm_plain(gen, [p + e for p, e in zip(prompts, run["env_ids"], strict=True)],
@@ -206,6 +215,9 @@ def main() -> None:
                   f"{fig['vllm_vs_hf_speedup_per_token']:.2f}x (interpreter tokens per row: vLLM "
                   f"{fig['vllm_env_tokens_per_row']:.0f}, HF {fig['hf_env_tokens_per_row']:.0f}; context reused by "
                   f"line requests {fig['vllm_context_reuse_rate']:.2f})")
+            print(f"  vLLM per line: first token {fig['vllm_first_token_ms']:.0f} ms after its input, then a token "
+                  f"every {fig['vllm_line_step_ms']:.1f} ms (plain generation: {fig['vllm_plain_step_ms']:.1f} ms a "
+                  f"step); {fig['vllm_between_lines_ms']:.0f} ms from a line out of the engine to the next input")
             print(f"  vLLM, the same tokens without the loop (interpreter tokens prefilled with the prompt) "
                   f"{fig['vllm_same_tokens_plain_s']:.2f} s: REPL / that "
                   f"{fig['vllm_repl_vs_same_tokens_ratio']:.2f}x, that / plain "

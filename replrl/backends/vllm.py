@@ -81,7 +81,7 @@ try:
 except Exception as e:  # not installed, or installed against another torch (e.g. torchvision operators missing)
     raise ImportError(f"vllm does not import: {type(e).__name__}: {e}") from e
 
-from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, token_masks  # noqa: E402
+from replrl.backends.sampling import eos_ids, line_end_ids, token_masks  # noqa: E402
 from replrl.types import LineSample, SamplingParams  # noqa: E402
 
 _T = TypeVar("_T")
@@ -91,6 +91,8 @@ LINE_RULE_KEY = "replrl_line_rule"
 SYNC_TRANSPORTS = ("auto", "cuda_ipc", "shm", "rpc")
 """How ``sync_weights`` moves weights into the engine: ``auto`` (``cuda_ipc`` for weights on the engine's GPU, else
 ``shm``), a buffer on the GPU opened by CUDA IPC, a shared-memory file, or bytes through vLLM's RPC."""
+TIMING_KEYS = ("first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
+"""``VLLMSession.timing``'s counters."""
 MASKS_FILE = "replrl_token_masks.pt"
 """The sampler's masks, written next to the engine's config for the logits processor to load."""
 
@@ -113,7 +115,8 @@ class LineRuleLogitsProcessor(LogitsProcessor):
         vocab = vllm_config.model_config.get_vocab_size()
         if masks["anywhere"].shape[0] != vocab:
             raise ValueError(f"replrl masks cover {masks['anywhere'].shape[0]} ids, the model's logits {vocab}")
-        self.masks = TokenMasks(masks["anywhere"].to(device), masks["line_start"].to(device))
+        self.line_start = masks["line_start"].to(device)                                          # [V] bool
+        self.anywhere_ids = masks["anywhere"].nonzero().squeeze(1).to(device)                     # [K] (K << V)
         self.outputs: dict[int, list[int]] = {}
         """Batch index -> the request's output ids (vLLM's live list): empty while sampling a line's first token."""
 
@@ -125,12 +128,20 @@ class LineRuleLogitsProcessor(LogitsProcessor):
                              lambda params, _, out: out if (params.extra_args or {}).get(LINE_RULE_KEY) else None)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        # every step, in place: most rows are inside a line and lose only the few tokens banned anywhere (an index
+        # write of R x K); a line's first token (one row in about twenty) takes the line-start mask, most of the
+        # vocabulary, over its own row. (The first version gathered, masked and scattered whole [R, V] rows every
+        # step: that made a step with 32 rows 1.9x slower on the CPU, bench/backends.py.)
         if not self.outputs:
             return logits
-        rows = torch.tensor(list(self.outputs), device=logits.device)                         # [R]
-        is_start = torch.tensor([not out for out in self.outputs.values()], device=logits.device)  # [R]
-        banned = self.masks.at(is_start)                                                      # [R, V]
-        logits[rows] = logits[rows].masked_fill(banned, float("-inf"))                        # [R, V]
+        inside = [i for i, out in self.outputs.items() if out]
+        if inside:
+            rows = torch.tensor(inside, device=logits.device)                                   # [R]
+            logits[rows.unsqueeze(1), self.anywhere_ids] = float("-inf")                        # [R, K]
+        if len(inside) < len(self.outputs):
+            for i, out in self.outputs.items():
+                if not out:
+                    logits[i].masked_fill_(self.line_start, float("-inf"))                      # [V]
         return logits
 
 
@@ -405,9 +416,12 @@ class _Stream:
     last line, which vLLM drops from a stopped turn, then the environment's). Lives and dies on the engine loop.
     """
 
-    def __init__(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams):
+    def __init__(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams,
+                 timing: dict[str, float] | None = None):
         self.chunks: asyncio.Queue[tuple[list[int], vllm.SamplingParams] | None] = asyncio.Queue()
         self.lines: asyncio.Queue[tuple[LineSample, int] | BaseException] = asyncio.Queue()
+        self.timing = timing if timing is not None else dict.fromkeys(TIMING_KEYS, 0.0)
+        self._sent = self._done = 0.0  # when the last chunk was handed over, when the last line came out
         self.task = asyncio.ensure_future(self._run(gen, request_id, params))
 
     async def _inputs(self) -> Any:
@@ -418,13 +432,22 @@ class _Stream:
     async def _run(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams) -> None:
         tokens: list[int] = []
         logprobs: list[float] = []
+        timing, first_at, first_n = self.timing, 0.0, 0
         try:
             async for out in gen.engine.generate(self._inputs(), params, request_id=request_id):
+                now = time.perf_counter()
                 completion = out.outputs[0]
                 new = list(completion.token_ids)
+                if not tokens and new:  # the line's first token(s)
+                    first_at, first_n = now, len(new)
+                    timing["first_token_s"] += now - self._sent
+                    timing["lines"] += 1
                 tokens += new
                 logprobs += [step[t].logprob for step, t in zip(completion.logprobs or [], new, strict=True)]
                 if completion.finish_reason is not None and tokens:
+                    timing["later_tokens_s"] += now - first_at
+                    timing["later_tokens"] += len(tokens) - first_n
+                    self._done = now
                     last = tokens[-1]
                     finish = "eos" if last in gen.eos else ("newline" if last in gen.line_end else "length")
                     self.lines.put_nowait((LineSample(tokens, logprobs, finish), out.num_cached_tokens or 0))
@@ -437,6 +460,9 @@ class _Stream:
     async def line(self, ids: list[int], params: vllm.SamplingParams) -> tuple[LineSample, int]:
         if self.task.done() and self.lines.empty():  # ended (aborted, failed) and its error already reported
             raise RuntimeError("the row's vLLM request has ended")
+        self._sent = time.perf_counter()
+        if self._done:
+            self.timing["between_lines_s"] += self._sent - self._done
         self.chunks.put_nowait((ids, params))
         item = await self.lines.get()
         if isinstance(item, BaseException):
@@ -473,6 +499,12 @@ class VLLMSession:
         self.stats = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "sampled_tokens": 0}
         """Counters: line requests; their transcripts' tokens; of which not computed again (kept in the row's
         request, or found in the prefix cache); tokens sampled."""
+        self.timing: dict[str, float] = dict.fromkeys(TIMING_KEYS, 0.0)
+        """Where a line's time goes, summed over rows (seconds; kept on the engine's loop): ``first_token_s``,
+        from a line's input handed to the engine to its first sampled token (queueing, prefill, one step), over
+        ``lines``; ``later_tokens_s``, from there to the line's last token, over ``later_tokens`` (so
+        ``later_tokens_s / later_tokens`` is the engine's time per step as a row sees it); ``between_lines_s``,
+        from a line out of the engine to the row's next input (the caller: running the line, and any wait)."""
 
     def _params(self, i: int, room: int) -> vllm.SamplingParams:
         s = self.sampling
@@ -521,7 +553,7 @@ class VLLMSession:
                     ) -> tuple[LineSample, int]:
         """On the engine's loop: the row's next line (its request started by the first)."""
         if row.stream is None:
-            row.stream = _Stream(self._gen, request_id, params)
+            row.stream = _Stream(self._gen, request_id, params, self.timing)
         try:
             return await row.stream.line(chunk, params)
         except asyncio.CancelledError:  # the caller gave up on the line: the request cannot continue
