@@ -763,6 +763,9 @@ class VLLMGenerator:
         self._finalizer()
         if self._shared is not None:
             self._shared.close()
+        # the last reference to the engine: collected now, not at interpreter exit, where its __del__ (shutdown
+        # again) would find vLLM's module globals already gone and print an ignored exception
+        self.engine = None  # type: ignore[assignment]
 
 
 async def _start(args: AsyncEngineArgs) -> AsyncLLM:
