@@ -311,7 +311,8 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
                          model_tokens=sum(sum(t.loss_mask) for t in trajs),
                          env_tokens=sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs),
                          extra={"setup_s": sum(t.timing.get("setup_s", 0.0) for t in trajs),
-                                **{f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()}})
+                                **{f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()},
+                                **{f"gen_{k}": float(v) for k, v in getattr(gen, "timing", {}).items()}})
     return trajs, stats
 
 
@@ -375,4 +376,20 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
             "setup_s": stats.extra.get("setup_s", 0.0),  # the tasks' setup, summed over episodes (not execution_s)
             "tokens_per_s": stats.model_tokens / max(stats.wall_s, 1e-9),
         })
+        out.update(line_timing(stats.extra))
+    return out
+
+
+def line_timing(extra: dict[str, float]) -> dict[str, float]:
+    """Where a line's time went in the engine, from a session's counters (the vLLM backend's ``timing`` and
+    ``stats``, summed over the rollout): ``time/line_first_token_ms``, from a line's input to its first token;
+    ``time/line_token_ms``, per later token (the engine's step as a row sees it); ``gen/context_reuse``, the share
+    of line requests' transcripts not computed again. Empty for a backend without them."""
+    out: dict[str, float] = {}
+    if extra.get("gen_lines"):
+        out["time/line_first_token_ms"] = 1000 * extra.get("gen_first_token_s", 0.0) / extra["gen_lines"]
+    if extra.get("gen_later_tokens"):
+        out["time/line_token_ms"] = 1000 * extra.get("gen_later_tokens_s", 0.0) / extra["gen_later_tokens"]
+    if extra.get("gen_prompt_tokens"):
+        out["gen/context_reuse"] = extra.get("gen_cached_tokens", 0.0) / extra["gen_prompt_tokens"]
     return out

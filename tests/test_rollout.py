@@ -19,7 +19,7 @@ from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import TRUNCATED_MARKER
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout, summarize
+from replrl.rollout import EpisodeRules, RolloutStats, build_prompt, line_text, line_timing, rollout, summarize
 from replrl.tree import TreeShape
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, empty_state, run_sync
@@ -352,3 +352,19 @@ def test_tree_episode_that_ends_before_the_branch_point_is_a_leaf(tree):
     assert metrics["tree/replays"] == 1 * 2 + 1 * 4 and metrics["tree/replays_diverged"] == 0  # one copy each
     assert 0 < metrics["tree/generated_vs_leaf_tokens"] < 1  # the shared prefixes were generated once
     assert 0 <= metrics["tree/replay_ms_per_line"] < 1000
+
+
+def test_line_timing_from_a_sessions_counters():
+    """The vLLM session's counters (summed over waves by RolloutStats.merge) become per-line figures; a backend
+    without them adds none."""
+    extra = {"gen_lines": 4.0, "gen_first_token_s": 0.2, "gen_later_tokens": 40.0, "gen_later_tokens_s": 0.8,
+             "gen_prompt_tokens": 1000.0, "gen_cached_tokens": 750.0, "gen_between_lines_s": 0.1}
+    assert line_timing(extra) == pytest.approx(
+        {"time/line_first_token_ms": 50.0, "time/line_token_ms": 20.0, "gen/context_reuse": 0.75})
+    wave = RolloutStats(wall_s=1.0, extra=dict(extra))
+    merged = wave.merge(RolloutStats(wall_s=1.0, extra={**extra, "gen_lines": 6.0, "gen_first_token_s": 0.8}))
+    assert merged.extra["gen_lines"] == 10.0
+    assert line_timing(merged.extra)["time/line_first_token_ms"] == pytest.approx(100.0)  # 1.0 s over 10 lines
+    assert line_timing({"gen_worker_s": 3.0}) == {}  # the HF backend's counters: nothing to derive
+    summary = summarize([], wave)  # and summarize reports them with the rollout's other timings
+    assert summary["time/line_token_ms"] == pytest.approx(20.0) and summary["wall_s"] == 1.0
