@@ -200,7 +200,8 @@ class Trainer:
         self.generator = load_generator(cfg.model.backend, self.accelerator.unwrap_model(self.model), self.tokenizer,
                                         device=self.accelerator.device, sync_timeout_s=cfg.model.sync_timeout_s,
                                         sync_transport=cfg.model.sync_transport,
-                                        gpu_memory_utilization=cfg.model.gpu_memory_utilization)
+                                        gpu_memory_utilization=cfg.model.gpu_memory_utilization,
+                                        max_rows=cfg.rollout.group_size * self._local_problems())
         self.rewards = RewardModel.from_config(cfg.rewards)
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.tree = TreeShape.from_config(cfg.tree)
@@ -294,7 +295,7 @@ class Trainer:
             signal.signal(sig, self._on_sigint)
         bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not (self.progress and self.main), dynamic_ncols=True)
-        local_problems = -(-cfg.rollout.problems_per_step // self.world)
+        local_problems = self._local_problems()
         limits = dataclasses.replace(cfg.rollout.limits(), uid_base=70000 + 20000 * self.rank)  # own uids per rank
         pool = run_sync(KernelPool(size=cfg.rollout.group_size * local_problems, limits=limits,
                                    tools=self.task.tools).start())
@@ -412,6 +413,10 @@ class Trainer:
                         "abort)", what, then)
         else:
             log.warning("%s: finishing this step, saving a checkpoint, then exiting (again to abort)", what)
+
+    def _local_problems(self) -> int:
+        """Problems this rank samples a step (the kernel pool holds ``group_size`` kernels for each)."""
+        return -(-self.cfg.rollout.problems_per_step // self.world)
 
     def train_step(self, pool: KernelPool) -> StepResult:
         cfg, t_step = self.cfg, time.perf_counter()

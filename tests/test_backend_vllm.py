@@ -57,7 +57,7 @@ is ``kv_cache_gib``, so engines of two test processes can start side by side (no
 @pytest.fixture(scope="module")
 def gen(tok):
     g = vllm_backend.VLLMGenerator(tiny_model(tok, head_dim=64), tok, max_model_len=1024, kv_cache_gib=0.5,
-                                   engine_args=EAGER)
+                                   engine_args=EAGER, max_rows=160)
     yield g
     g.close()
 
@@ -99,6 +99,12 @@ def test_line_rule_processor_masks_as_the_trainer_does(tok):
             expected[i] = expected[i].masked_fill(masks.at(torch.tensor([not out]))[0], float("-inf"))
         proc.outputs = outputs
         assert torch.equal(proc.apply(logits), expected), outputs
+
+
+def test_engine_has_room_for_every_row(gen):
+    """``max_rows`` above vLLM's default of 128 requests raises the engine's bound (a row waiting for its kernel
+    keeps its request's place, so rows beyond the bound would wait for whole episodes)."""
+    assert gen.engine.vllm_config.scheduler_config.max_num_seqs == 160
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -91,6 +91,8 @@ LINE_RULE_KEY = "replrl_line_rule"
 SYNC_TRANSPORTS = ("auto", "cuda_ipc", "shm", "rpc")
 """How ``sync_weights`` moves weights into the engine: ``auto`` (``cuda_ipc`` for weights on the engine's GPU, else
 ``shm``), a buffer on the GPU opened by CUDA IPC, a shared-memory file, or bytes through vLLM's RPC."""
+VLLM_DEFAULT_MAX_NUM_SEQS = 128
+"""The requests vLLM's engine runs at once when it is started as replrl starts it (``SchedulerConfig``'s default)."""
 TIMING_KEYS = ("first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
 """``VLLMSession.timing``'s counters."""
 MASKS_FILE = "replrl_token_masks.pt"
@@ -594,8 +596,10 @@ class VLLMGenerator:
     lines). ``sync_transport`` is how ``sync_weights`` moves the weights (``auto``: ``cuda_ipc`` when the trainer's
     weights and the engine are on a GPU, else ``shm``; ``cuda_ipc``: a buffer on the trainer's GPU the worker opens
     by CUDA IPC; ``shm``: a shared-memory file; ``rpc``: through vLLM's RPC), ``sync_timeout_s`` the bound on one
-    sync. ``engine_args`` go to vLLM's
-    ``AsyncEngineArgs`` as they are.
+    sync. ``max_rows`` is the most rows sessions hold at once (the trainer passes its kernel pool's size): when it
+    is more than vLLM's default of 128 requests (``max_num_seqs``), the engine gets room for that many. A row keeps
+    its request, and its place, while its line runs, so without it rows beyond 128 would wait for whole episodes
+    to end. ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are (and win).
     """
 
     def __init__(
@@ -610,6 +614,7 @@ class VLLMGenerator:
         seed: int = 0,
         sync_transport: str = "auto",
         sync_timeout_s: float = 300.0,
+        max_rows: int | None = None,
         engine_args: dict[str, Any] | None = None,
     ):
         if sync_transport not in SYNC_TRANSPORTS:
@@ -672,6 +677,8 @@ class VLLMGenerator:
             longest = max_model_len or getattr(config, "max_position_embeddings", None) or 8192
             args["enable_chunked_prefill"] = False
             args["max_num_batched_tokens"] = max(int(longest), 4096)
+        if max_rows is not None and max_rows > VLLM_DEFAULT_MAX_NUM_SEQS:
+            args["max_num_seqs"] = int(max_rows)
         args.update(engine_args or {})
         self._loop = _LoopThread()
         self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)
