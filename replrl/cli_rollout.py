@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     from sandbox import KernelPool, run_sync
 
-    from .backends import load_generator
+    from .backends import close_generator, load_generator
     from .policy import load_policy
     from .rewards import RewardModel
     from .rollout import EpisodeRules, rollout, summarize
@@ -95,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
                 stats = st if stats is None else stats.merge(st)
         return trajs, stats
 
-    trajs, stats = run_sync(go())
+    try:
+        trajs, stats = run_sync(go())
+    finally:
+        close_generator(generator)
     bar.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

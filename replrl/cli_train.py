@@ -114,8 +114,13 @@ def run_train(args: argparse.Namespace) -> int:
     if args.no_progress:
         _lines_not_bars()
 
+    from .backends import close_generator
+
     trainer = Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        close_generator(trainer.generator)
     print(trainer.summary())
     return 0
 
@@ -123,7 +128,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from sandbox import KernelPool, run_sync
 
-    from .backends import load_generator
+    from .backends import close_generator, load_generator
     from .cli_rollout import format_summary, model_spec_and_config
     from .policy import load_policy
     from .rewards import RewardModel
@@ -150,8 +155,11 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         with tqdm(total=args.n * args.samples, desc="eval", unit="episode", file=sys.stderr) as bar:
             generator = load_generator(cfg.model.backend, model, tokenizer)
-            summary = evaluate(generator, pool, task, cfg, args.n, args.samples, progress=bar,
-                               rewards=RewardModel.from_config(cfg.rewards).at(step))
+            try:
+                summary = evaluate(generator, pool, task, cfg, args.n, args.samples, progress=bar,
+                                   rewards=RewardModel.from_config(cfg.rewards).at(step))
+            finally:
+                close_generator(generator)
     finally:
         run_sync(pool.close())
     print(format_summary(summary))

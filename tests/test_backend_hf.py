@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from replrl.backends import close_generator
 from replrl.backends.base import Generator, GenSession
 from replrl.backends.hf import HFGenerator, _Batch, cache_argument
 from replrl.backends.sampling import (
@@ -476,3 +477,19 @@ def test_load_generator_by_name(tok):
         with pytest.raises(BackendError, match="backend 'vllm' cannot (be imported|start here)") as info:
             backend_class("vllm")
         assert "\n" not in str(info.value)
+
+
+def test_commands_close_what_a_generator_holds(tok):
+    """close_generator (what replrl train, eval and rollout call when done) closes a backend that holds something
+    (vLLM's engine), once per call, and is a no-op for one that holds nothing (HF samples from the model itself)."""
+    close_generator(HFGenerator(tiny_model(tok), tok))  # no close method: nothing to release
+
+    class Holding:
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    held = Holding()
+    close_generator(held)
+    assert held.closed == 1

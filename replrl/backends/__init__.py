@@ -69,5 +69,15 @@ def load_generator(name: str, model: Any, tokenizer: Any, **opts: Any) -> Genera
     return cls(model, tokenizer, **{k: v for k, v in opts.items() if k in declared})
 
 
-__all__ = ["BACKENDS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class", "eos_ids",
-           "line_end_ids", "line_starts", "load_generator", "newline_banned_mask", "sampling_logprobs", "token_masks"]
+def close_generator(generator: Any) -> None:
+    """Release what a generator holds (vLLM: the engine's processes, its config directory, the shared weights; HF:
+    nothing). A command calls it when it is done, so the engine shuts down while the interpreter still runs: left to
+    the interpreter's exit, a CUDA IPC buffer's producer would exit before the engine released it."""
+    close = getattr(generator, "close", None)
+    if callable(close):
+        close()
+
+
+__all__ = ["BACKENDS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class", "close_generator",
+           "eos_ids", "line_end_ids", "line_starts", "load_generator", "newline_banned_mask", "sampling_logprobs",
+           "token_masks"]
