@@ -21,6 +21,7 @@ vllm_backend = pytest.importorskip(
 
 import torch  # noqa: E402
 
+from replrl.backends import BackendError  # noqa: E402
 from replrl.backends.base import Generator  # noqa: E402
 from replrl.backends.sampling import token_masks  # noqa: E402
 from replrl.loss import token_logprobs  # noqa: E402
@@ -99,6 +100,32 @@ def test_line_rule_processor_masks_as_the_trainer_does(tok):
             expected[i] = expected[i].masked_fill(masks.at(torch.tensor([not out]))[0], float("-inf"))
         proc.outputs = outputs
         assert torch.equal(proc.apply(logits), expected), outputs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU attention only: on a GPU vLLM picks another")
+def test_head_size_the_cpu_attention_cannot_take_is_one_line_before_any_engine_starts(tok):
+    # the smoke config's tiny model (hidden 64, 4 heads: head size 16); vLLM itself would start, then die at the
+    # first forward pass
+    with pytest.raises(BackendError, match=r"head size 16 .*use --model.backend hf"):
+        vllm_backend.VLLMGenerator(tiny_model(tok), tok, kv_cache_gib=0.5)
+
+
+def test_a_dead_engine_is_one_line(tok):
+    """A request that ends with vLLM's EngineDeadError reaches the caller as EngineStopped (a BackendError: the
+    commands print one line and exit 1); vLLM's own log above it names the cause."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    async def line():
+        stream = object.__new__(vllm_backend._Stream)  # a row's request, its engine gone
+        stream.chunks, stream.lines, stream.timing = asyncio.Queue(), asyncio.Queue(), {}
+        stream._sent = stream._done = 0.0
+        stream.task = asyncio.ensure_future(asyncio.sleep(0))
+        stream.lines.put_nowait(EngineDeadError("EngineCore encountered an issue."))
+        return await stream.line([1, 2], None)
+
+    with pytest.raises(vllm_backend.EngineStopped, match="engine stopped") as err:
+        asyncio.run(line())
+    assert isinstance(err.value, BackendError) and "\n" not in str(err.value)
 
 
 def test_engine_has_room_for_every_row(gen):

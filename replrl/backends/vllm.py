@@ -76,11 +76,13 @@ try:
     from vllm.engine.protocol import StreamingInput
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
     from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 except Exception as e:  # not installed, or installed against another torch (e.g. torchvision operators missing)
     raise ImportError(f"vllm does not import: {type(e).__name__}: {e}") from e
 
+from replrl.backends import BackendError  # noqa: E402
 from replrl.backends.sampling import eos_ids, line_end_ids, token_masks  # noqa: E402
 from replrl.types import LineSample, SamplingParams  # noqa: E402
 
@@ -97,6 +99,26 @@ TIMING_KEYS = ("first_token_s", "lines", "later_tokens_s", "later_tokens", "betw
 """``VLLMSession.timing``'s counters."""
 MASKS_FILE = "replrl_token_masks.pt"
 """The sampler's masks, written next to the engine's config for the logits processor to load."""
+
+
+class EngineStopped(BackendError):
+    """vLLM's engine process stopped (the line is ours; vLLM's own log, printed above it, names the cause)."""
+
+
+def _check_cpu_head_size(config: Any) -> None:
+    """vLLM's CPU attention takes only some head sizes, and finds out at the first forward pass, when the engine
+    dies: say so at once, in one line."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+    except Exception:  # another vLLM layout: let vLLM decide
+        return
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    if head_dim is not None and head_dim not in sizes:
+        raise BackendError(f"vLLM's CPU attention does not take the model's head size {head_dim} (it takes "
+                           f"{', '.join(map(str, sizes))}): use --model.backend hf for this model")
 
 
 class WeightSyncTimeout(TimeoutError):
@@ -467,6 +489,9 @@ class _Stream:
             self.timing["between_lines_s"] += self._sent - self._done
         self.chunks.put_nowait((ids, params))
         item = await self.lines.get()
+        if isinstance(item, EngineDeadError):
+            raise EngineStopped("vLLM's engine stopped (EngineDeadError): the engine's log above names the cause") \
+                from item
         if isinstance(item, BaseException):
             raise RuntimeError(f"vLLM request failed: {item!r}") from item
         return item
@@ -640,6 +665,8 @@ class VLLMGenerator:
         self.stop_ids = sorted(self.line_end | self.eos)
         vocab = base.get_output_embeddings().weight.shape[0]
         cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+        if not cuda:
+            _check_cpu_head_size(config)
 
         self._dir = Path(tempfile.mkdtemp(prefix="replrl-vllm-"))
         config.save_pretrained(self._dir)
