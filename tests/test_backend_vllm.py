@@ -392,6 +392,17 @@ def test_auto_transport_is_shared_memory_for_cpu_weights_and_falls_back_when_cud
     assert_engine_samples_from(gen, tok, model)
 
 
+def test_worker_lets_go_of_the_weight_buffer_and_maps_it_again(gen, tok):
+    """``close`` first asks the worker to drop its mapping of the weight buffer (a CUDA IPC buffer must be released
+    before its producer, the trainer, exits); a later sync maps it again."""
+    gen.sync_weights(tiny_model(tok, seed=4, head_dim=64))  # shared memory: the trainer's weights are on the CPU
+    assert gen.call(gen.engine.collective_rpc("replrl_release")) == [1]
+    assert gen.call(gen.engine.collective_rpc("replrl_release")) == [0]
+    model = tiny_model(tok, seed=5, head_dim=64)
+    gen.sync_weights(model)
+    assert_engine_samples_from(gen, tok, model)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs the trainer's weights on a GPU")
 def test_weights_on_the_gpu_sync_by_cuda_ipc(gen, tok, monkeypatch):
     """With the trainer's weights on the engine's GPU, ``auto`` syncs by CUDA IPC: the engine then samples from

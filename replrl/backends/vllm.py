@@ -209,6 +209,14 @@ class WeightSyncExtension:
         torch.cuda.synchronize(mapped[1].device)  # read to the end before the trainer may write the buffer again
         return loaded
 
+    def replrl_release(self) -> int:
+        """Drop the mapped weight buffers (before the engine stops: a CUDA IPC buffer's producer, the trainer, must
+        not exit while this process still holds it); returns how many were held."""
+        held = [name for name in ("_replrl_shared", "_replrl_cuda") if getattr(self, name, None) is not None]
+        for name in held:
+            setattr(self, name, None)
+        return len(held)
+
     def _replrl_reload(self, table: list[tuple[str, str, list[int], int]], flat: torch.Tensor) -> int:
         # vLLM's in-place reload: checkpoint-format weights through each layer's loader, then the layer's
         # post-processing again (e.g. the CPU's repacked linear weights)
@@ -794,6 +802,11 @@ class VLLMGenerator:
 
     def close(self) -> None:
         """Shut the engine down (its processes exit) and remove its config directory and shared weights."""
+        if self._shared is not None and self.engine is not None:
+            try:  # the worker lets go of the weight buffer first (best effort: the engine may be gone)
+                self._bounded(self.engine.collective_rpc("replrl_release"), time.perf_counter() + 10)
+            except Exception:
+                pass
         self._finalizer()
         if self._shared is not None:
             self._shared.close()
