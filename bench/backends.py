@@ -121,6 +121,13 @@ def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
     return time.perf_counter() - t0
 
 
+def plain_run(name: str, gen: Any, model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    """Seconds of plain generation of ``new_tokens`` per row by backend ``name`` (vLLM's engine, or model.generate)."""
+    if name == "vllm":
+        return vllm_plain(gen, prompts, new_tokens)
+    return plain_generate(model, tokenizer, prompts, new_tokens)
+
+
 def cold(gen: Any) -> None:
     """Empty vLLM's prefix cache, so a timed run prefills its prompts as HF's do (no-op for HF)."""
     if hasattr(gen, "engine") and not gen.call(gen.engine.reset_prefix_cache()):
@@ -163,12 +170,9 @@ def main() -> None:
                 cold(gen)
                 run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
                 per_row = run["model"] / b
-                if name == "vllm":  # untimed, as above: the plain run's shapes too
-                    vllm_plain(gen, prompts, 8)
-                else:
-                    plain_generate(model, tokenizer, prompts, 8)
-                plain = (vllm_plain(gen, prompts, round(per_row)) if name == "vllm"
-                         else plain_generate(model, tokenizer, prompts, round(per_row)))
+
+                plain_run(name, gen, model, tokenizer, prompts, 8)  # untimed, as above: the plain run's shapes too
+                plain = plain_run(name, gen, model, tokenizer, prompts, round(per_row))
                 fig |= {f"{name}_repl_s": round(run["wall"], 3), f"{name}_plain_s": round(plain, 3),
                         f"{name}_model_tokens_per_row": round(per_row, 1),
                         f"{name}_env_tokens_per_row": round(run["env"] / b, 1),

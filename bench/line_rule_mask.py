@@ -47,8 +47,7 @@ def main() -> None:
     torch.set_num_threads(1)
     tok = load_tokenizer(QWEN_CODER_ALIAS)
     masks = token_masks(tok)
-    proc = object.__new__(LineRuleLogitsProcessor)  # its state, as its __init__ builds it from the engine's files
-    proc.line_start, proc.anywhere_ids = masks.line_start, masks.anywhere.nonzero().squeeze(1)
+    proc = LineRuleLogitsProcessor.for_masks(masks)
     figures: dict[str, float] = {}
     for r in args.rows:
         proc.outputs = {i: [] if i % 20 == 0 else [1] for i in range(r)}

@@ -90,8 +90,7 @@ def test_line_rule_processor_masks_as_the_trainer_does(tok):
     """The engine's in-place masking (index writes for rows inside a line, the line-start mask over a line's first
     token) gives exactly the trainer's dense masks (``TokenMasks.at``), whatever the batch's rows and their order."""
     masks = token_masks(tok, len(tok))
-    proc = object.__new__(vllm_backend.LineRuleLogitsProcessor)  # its state, without an engine config to read
-    proc.line_start, proc.anywhere_ids = masks.line_start, masks.anywhere.nonzero().squeeze(1)
+    proc = vllm_backend.LineRuleLogitsProcessor.for_masks(masks)
     gen_ = torch.Generator().manual_seed(0)
     for outputs in ({}, {0: [], 1: [5], 3: []}, {2: [7, 8], 0: [1]}, {i: [] for i in range(4)}):
         logits = torch.randn(5, len(tok), generator=gen_)                                     # [B, V]

@@ -83,7 +83,7 @@ except Exception as e:  # not installed, or installed against another torch (e.g
     raise ImportError(f"vllm does not import: {type(e).__name__}: {e}") from e
 
 from replrl.backends import BackendError  # noqa: E402
-from replrl.backends.sampling import eos_ids, line_end_ids, token_masks  # noqa: E402
+from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, token_masks  # noqa: E402
 from replrl.types import LineSample, SamplingParams  # noqa: E402
 
 _T = TypeVar("_T")
@@ -139,8 +139,18 @@ class LineRuleLogitsProcessor(LogitsProcessor):
         vocab = vllm_config.model_config.get_vocab_size()
         if masks["anywhere"].shape[0] != vocab:
             raise ValueError(f"replrl masks cover {masks['anywhere'].shape[0]} ids, the model's logits {vocab}")
-        self.line_start = masks["line_start"].to(device)                                          # [V] bool
-        self.anywhere_ids = masks["anywhere"].nonzero().squeeze(1).to(device)                     # [K] (K << V)
+        self._use(TokenMasks(masks["anywhere"], masks["line_start"]), device)
+
+    @classmethod
+    def for_masks(cls, masks: TokenMasks, device: str | torch.device = "cpu") -> LineRuleLogitsProcessor:
+        """The processor over ``masks`` without an engine (tests and benches of ``apply``)."""
+        proc = cls.__new__(cls)
+        proc._use(masks, device)
+        return proc
+
+    def _use(self, masks: TokenMasks, device: str | torch.device) -> None:
+        self.line_start = masks.line_start.to(device)                                             # [V] bool
+        self.anywhere_ids = masks.anywhere.nonzero().squeeze(1).to(device)                        # [K] (K << V)
         self.outputs: dict[int, list[int]] = {}
         """Batch index -> the request's output ids (vLLM's live list): empty while sampling a line's first token."""
 
@@ -158,14 +168,15 @@ class LineRuleLogitsProcessor(LogitsProcessor):
         # step: that made a step with 32 rows 1.9x slower on the CPU, bench/backends.py.)
         if not self.outputs:
             return logits
-        inside = [i for i, out in self.outputs.items() if out]
+        inside: list[int] = []
+        for i, out in self.outputs.items():
+            if out:
+                inside.append(i)
+            else:
+                logits[i].masked_fill_(self.line_start, float("-inf"))                          # [V]
         if inside:
             rows = torch.tensor(inside, device=logits.device)                                   # [R]
             logits[rows.unsqueeze(1), self.anywhere_ids] = float("-inf")                        # [R, K]
-        if len(inside) < len(self.outputs):
-            for i, out in self.outputs.items():
-                if not out:
-                    logits[i].masked_fill_(self.line_start, float("-inf"))                      # [V]
         return logits
 
 
