@@ -500,16 +500,22 @@ def session(text: str, max_lines: int = 24) -> str:
 
 def transcript_candidates(variants: dict[str, list[RunRecords]], task: str) -> list[tuple[str, RunRecords, dict]]:
     """Per variant other than the control: the shortest correct episode that looked at a value, then wrote more code
-    (a candidate for "used an output to decide its next line"), and a typical one (the correct episode, else any,
-    whose typed lines are the median of its run's), from its first seed's final evaluation."""
+    (a candidate for "used an output to decide its next line"), from any seed's final evaluation (the lower seed
+    on a tie), and a typical one (the correct episode, else any, whose typed lines are the median of its run's),
+    from its first seed's."""
     out = []
     for v, runs in variants.items():
         if v == CONTROL or not runs or (final := runs[0].final(task)) is None:
             continue
-        looked = [e for e in final if e["correct"] and looked_then_coded(e["text"])]
+        looked = [
+            (typed_lines(e["text"]), r.seed, int(e["row"]), i, e)
+            for i, r in enumerate(runs)
+            for e in r.final(task) or []
+            if e["correct"] and looked_then_coded(e["text"])
+        ]
         if looked:
-            best = min(looked, key=lambda e: (typed_lines(e["text"]), int(e["row"])))
-            out.append(("Looked at a value, then wrote more code", runs[0], best))
+            *_, i, best = min(looked, key=lambda c: c[:4])
+            out.append(("Looked at a value, then wrote more code", runs[i], best))
         pool = sorted(
             [e for e in final if e["correct"]] or final, key=lambda e: (typed_lines(e["text"]), int(e["row"]))
         )

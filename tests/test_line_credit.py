@@ -158,6 +158,29 @@ def test_looked_then_coded_and_typed_lines_read_from_the_text() -> None:
         assert (lc.looked_then_coded(text), lc.typed_lines(text)) == (looked, lines), body
 
 
+def test_the_looked_transcript_comes_from_any_seed_and_the_typical_one_from_the_first() -> None:
+    """A variant's first seed has no correct episode that looked, then coded; its second has two: the shorter is
+    shown, from seed 1, and the typical transcript stays the first seed's."""
+    lc = load_collector()
+    cfg = Config()  # evaluates its training task, arithmetic, under the label "eval"
+    header = "Problem: what is 6?\n" + BANNER
+
+    def run(seed: int, bodies: list[tuple[str, bool]]):
+        episodes = [{"row": i, "correct": ok, "text": header + body} for i, (body, ok) in enumerate(bodies)]
+        return lc.RunRecords("tree", seed, Path(f"s{seed}"), cfg, [], {("eval", 12): episodes})
+
+    longer = LOOKED + ">>> y = 1\n"
+    runs = [run(0, [(PLAIN, True), (LOOKED, False)]), run(1, [(longer, True), (PLAIN, True), (LOOKED, True)])]
+    picks = lc.transcript_candidates({lc.CONTROL: [], "tree": runs}, "arithmetic")
+    assert [(title, r.seed, e["row"]) for title, r, e in picks] == [
+        ("Looked at a value, then wrote more code", 1, 2),
+        ("Typical", 0, 0),
+    ]
+    # no seed has one: only the typical transcript
+    picks = lc.transcript_candidates({"tree": runs[:1]}, "arithmetic")
+    assert [(title, r.seed) for title, r, _ in picks] == [("Typical", 0)]
+
+
 def write_run(
     run_dir: Path,
     cfg: Config,
