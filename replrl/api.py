@@ -5,7 +5,8 @@
     evaluate(trainer, n=8)                              # held-out accuracy and per-line error rates
     trajs = sample_episodes(trainer, n=4)               # episodes to look at: show(trajs), save_jsonl(trajs, path)
 
-Each function that runs episodes starts its own sandboxed kernel pool and closes it before returning; the sync
+Each function that runs episodes starts its own sandboxed kernel pool and closes it before returning, and so with
+a generator it loads (from a run directory or a model spec; a Trainer's is the trainer's to close); the sync
 facade (``sandbox.run_sync``) works inside a running notebook loop.
 """
 
@@ -57,8 +58,7 @@ def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None,
     trainer's or run's own config, else ``Config()``."""
     from .trainer import evaluate as evaluate_on
 
-    generator, task, cfg = _policy(model, cfg)
-    with _kernels(cfg, task, min(16, n * samples_per_problem)) as pool:
+    with _policy(model, cfg) as (generator, task, cfg), _kernels(cfg, task, min(16, n * samples_per_problem)) as pool:
         return evaluate_on(generator, pool, task, cfg, n, samples_per_problem)
 
 
@@ -74,33 +74,37 @@ def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None
 
     if n < 1 or group_size < 1:
         raise ValueError("n and group_size must be >= 1")
-    generator, task, cfg = _policy(model, cfg)
-    rows = split_rows(task, split or cfg.task.eval_split)
-    if len(rows) == 0:
-        raise ValueError(f"task {cfg.task.name!r} has no problems in split {split or cfg.task.eval_split!r}")
-    chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(-(-n // group_size))]
-    wave = max(1, min(16, n) // group_size)  # problems per wave: at most 16 kernels
-    trajs: list[Trajectory] = []
-    with _kernels(cfg, task, wave * group_size) as pool:
-        for start in range(0, len(chosen), wave):
-            part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave],
-                                       RewardModel.from_config(cfg.rewards), cfg.rollout.sampling(),
-                                       EpisodeRules.from_config(cfg.rollout), group_size=group_size,
-                                       chat_template=cfg.model.chat_template))
-            trajs += part
+    with _policy(model, cfg) as (generator, task, cfg):
+        rows = split_rows(task, split or cfg.task.eval_split)
+        if len(rows) == 0:
+            raise ValueError(f"task {cfg.task.name!r} has no problems in split {split or cfg.task.eval_split!r}")
+        chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(-(-n // group_size))]
+        wave = max(1, min(16, n) // group_size)  # problems per wave: at most 16 kernels
+        trajs: list[Trajectory] = []
+        with _kernels(cfg, task, wave * group_size) as pool:
+            for start in range(0, len(chosen), wave):
+                part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave],
+                                           RewardModel.from_config(cfg.rewards), cfg.rollout.sampling(),
+                                           EpisodeRules.from_config(cfg.rollout), group_size=group_size,
+                                           chat_template=cfg.model.chat_template))
+                trajs += part
     return trajs[:n]
 
 
-def _policy(model: ModelSource, cfg: Config | None) -> tuple[Any, Any, Config]:
-    """(generator, task, config) for a Trainer, a run directory or a model spec."""
-    from .backends import load_generator
+@contextlib.contextmanager
+def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, Config]]:
+    """(generator, task, config) for a Trainer, a run directory or a model spec. A generator made here is closed on
+    exit (a vLLM engine holds processes and GPU memory: a notebook that evaluates twice must not hold two); a
+    Trainer's stays open, it is the trainer's."""
+    from .backends import close_generator, load_generator
     from .cli_rollout import model_spec_and_config
     from .policy import load_policy
     from .trainer import task_from_config
 
     if isinstance(model, Trainer):
         cfg = cfg or model.cfg
-        return model.generator, (model.task if cfg is model.cfg else task_from_config(cfg)), cfg
+        yield model.generator, (model.task if cfg is model.cfg else task_from_config(cfg)), cfg
+        return
     saved = Path(model) / "config.toml"
     if cfg is None:
         cfg = resolve(Config, str(saved), {}) if saved.exists() else Config()
@@ -111,7 +115,10 @@ def _policy(model: ModelSource, cfg: Config | None) -> tuple[Any, Any, Config]:
     policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
     generator = load_generator(cfg.model.backend, policy, tokenizer, sync_timeout_s=cfg.model.sync_timeout_s,
                                gpu_memory_utilization=cfg.model.gpu_memory_utilization)
-    return generator, task_from_config(cfg), cfg
+    try:
+        yield generator, task_from_config(cfg), cfg
+    finally:
+        close_generator(generator)
 
 
 @contextlib.contextmanager

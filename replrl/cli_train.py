@@ -114,13 +114,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.no_progress:
         _lines_not_bars()
 
-    from .backends import close_generator
-
-    trainer = Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress)
-    try:
+    with Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress) as trainer:
         trainer.train()
-    finally:
-        close_generator(trainer.generator)
     print(trainer.summary())
     return 0
 

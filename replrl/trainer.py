@@ -43,7 +43,7 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import load_generator
+from .backends import close_generator, load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_toml
@@ -365,6 +365,17 @@ class Trainer:
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.accelerator.device)
         torch.distributed.all_reduce(t)
         return float(t.item())
+
+    def close(self) -> None:
+        """Release the generator (a vLLM engine's processes and GPU memory; nothing for the HF backend). The trainer
+        can still be saved and its model read; it cannot sample again. ``with Trainer(...) as t:`` closes on exit."""
+        close_generator(self.generator)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def summary(self) -> str:
         """The run in a few lines: held-out accuracy and per-line syntax-error rate before -> after, where it is."""
