@@ -96,8 +96,8 @@ def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, 
     """(generator, task, config) for a Trainer, a run directory or a model spec. A generator made here is closed on
     exit (a vLLM engine holds processes and GPU memory: a notebook that evaluates twice must not hold two); a
     Trainer's stays open, it is the trainer's."""
+    from . import checkpoint
     from .backends import close_generator, load_generator
-    from .cli_rollout import model_spec_and_config
     from .policy import load_policy
     from .trainer import task_from_config
 
@@ -109,7 +109,7 @@ def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, 
     if cfg is None:
         cfg = resolve(Config, str(saved), {}) if saved.exists() else Config()
     cfg = copy.deepcopy(cfg)
-    cfg.model.name = model_spec_and_config(str(model), cfg)
+    cfg.model.name = checkpoint.model_of(str(model))
     if saved.exists():
         cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
     policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)

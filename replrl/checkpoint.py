@@ -110,6 +110,17 @@ def latest(run_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def model_of(spec: str) -> str:
+    """A model spec with a run directory (it holds config.toml) replaced by its latest checkpoint's model."""
+    path = Path(spec)
+    if (path / "config.toml").exists():
+        ckpt = latest(path)
+        if ckpt is None:
+            raise ValueError(f"run directory {spec!r} has no checkpoint yet")
+        return str(ckpt / "model")
+    return spec
+
+
 def load_state(path: Path, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Restore optimizer, scheduler and RNG states from a checkpoint; return its state.json."""
     try:

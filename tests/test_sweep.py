@@ -428,7 +428,7 @@ def test_bad_spec_exits_1_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_set_overrides_every_run_and_parses_toml_values(tmp_path: Path) -> None:
-    from replrl.cli_sweep import parse_sets
+    from replrl.cli.sweep import parse_sets
 
     sets = parse_sets(["run.eval_n=9", "rewards.weights.syntax_error=-1.0", "task.data=some/dir",
                        'run.transfer_task={name = "gsm8k", data = "data/gsm8k"}'])

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from .config import Config
-from .configlib import add_arguments, overrides_from_args, resolve
+from ..config import Config
+from ..configlib import add_arguments, overrides_from_args, resolve
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,29 +40,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return resolve(Config, args.config, overrides)
 
 
-def model_spec_and_config(spec: str, cfg: Config) -> str:
-    """A run directory stands for its latest checkpoint's model."""
-    from . import checkpoint
-
-    path = Path(spec)
-    if (path / "config.toml").exists():
-        ckpt = checkpoint.latest(path)
-        if ckpt is None:
-            raise ValueError(f"run directory {spec!r} has no checkpoint yet")
-        return str(ckpt / "model")
-    return spec
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from sandbox import KernelPool, run_sync
 
-    from .backends import close_generator, load_generator
-    from .policy import load_policy
-    from .rewards import RewardModel
-    from .rollout import EpisodeRules, rollout, summarize
-    from .trainer import task_from_config
+    from .. import checkpoint
+    from ..backends import close_generator, load_generator
+    from ..policy import load_policy
+    from ..rewards import RewardModel
+    from ..rollout import EpisodeRules, rollout, summarize
+    from ..trainer import task_from_config
 
     cfg = config_from_args(args)
     if args.n < 1 or args.group_size < 1:
@@ -74,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if len(rows) == 0:
         raise ValueError(f"task {cfg.task.name!r} has no problems in that split")
     chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
-    cfg.model.name = model_spec_and_config(cfg.model.name, cfg)
+    cfg.model.name = checkpoint.model_of(cfg.model.name)
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
     generator = load_generator(cfg.model.backend, model, tokenizer, sync_timeout_s=cfg.model.sync_timeout_s,
                                gpu_memory_utilization=cfg.model.gpu_memory_utilization)

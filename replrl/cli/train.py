@@ -8,8 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import Config
-from .configlib import ConfigError, add_arguments, load_file, merge, overrides_from_args, resolve, to_dict, to_toml
+from ..config import Config
+from ..configlib import ConfigError, add_arguments, load_file, merge, overrides_from_args, resolve, to_dict, to_toml
 
 TRAIN_HELP = """\
 Train a model with GRPO to reason in the sandboxed Python REPL.
@@ -109,7 +109,7 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         cfg = resolve(Config, args.config, overrides)
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
-    from .trainer import Trainer  # torch, transformers, the sandbox: after the config is known to be valid
+    from ..trainer import Trainer  # torch, transformers, the sandbox: after the config is known to be valid
 
     if args.no_progress:
         _lines_not_bars()
@@ -123,11 +123,12 @@ def run_train(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from sandbox import KernelPool, run_sync
 
-    from .backends import close_generator, load_generator
-    from .cli_rollout import format_summary, model_spec_and_config
-    from .policy import load_policy
-    from .rewards import RewardModel
-    from .trainer import evaluate, task_from_config
+    from .. import checkpoint
+    from ..backends import close_generator, load_generator
+    from ..policy import load_policy
+    from ..rewards import RewardModel
+    from ..trainer import evaluate, task_from_config
+    from .rollout import format_summary
 
     overrides = overrides_from_args(args)
     run_cfg = Path(args.model) / "config.toml"
@@ -137,7 +138,7 @@ def run_eval(args: argparse.Namespace) -> int:
             overrides.setdefault(sec, {})[key] = getattr(args, flag)
     cfg = resolve(Config, args.config, overrides, base=base)
     cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
-    cfg.model.name = model_spec_and_config(args.model, cfg)
+    cfg.model.name = checkpoint.model_of(args.model)
     cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
     step = _checkpoint_step(cfg.model.name)  # scheduled reward weights are scored at the checkpoint's step
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
@@ -174,7 +175,7 @@ def _checkpoint_step(model_path: str) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from .plot import plot_run
+    from ..plot import plot_run
 
     out = plot_run(args.run_dir, args.out)
     print(f"wrote {out}")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sandbox.limits import Limits  # light; the kernel machinery is imported when the REPL starts
 
 if TYPE_CHECKING:
-    from .repl import ReplSession
+    from ..repl import ReplSession
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sandbox import Kernel, run_sync
 
-    from .repl import ReplSession
+    from ..repl import ReplSession
 
     limits = Limits(wall_s=args.wall_s, isolation=args.isolation, network=args.network)
     tools = [t for t in args.tools.split(",") if t]
@@ -63,7 +63,7 @@ def _interactive(session: ReplSession) -> int:
     from sandbox import run_sync
     from sandbox.sync import loop_thread
 
-    from .repl import PS1
+    from ..repl import PS1
 
     try:
         import readline  # noqa: F401  (line editing and history for input())

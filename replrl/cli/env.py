@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-from .provenance import PACKAGES, source_commit, version
+from ..provenance import PACKAGES, source_commit, version
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def sandbox_lines() -> list[str]:
 def report() -> str:
     import torch
 
-    from .models import SMOLLM2_ALIAS, cache_dir, default_model_cached
+    from ..models import SMOLLM2_ALIAS, cache_dir, default_model_cached
 
     commit = source_commit()
     lines = [f"replrl: {_version('replrl')}" + (f" (git {commit})" if commit else ""),

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from sandbox.errors import KernelStartError, SandboxUnavailable
 
-from . import __version__, cli_env, cli_repl, cli_rollout, cli_sweep, cli_train
+from .. import __version__
+from . import env, repl, rollout, sweep, train
 
 # Errors a user can fix; anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, KernelStartError, SandboxUnavailable)
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"replrl {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (cli_repl, cli_rollout, cli_train, cli_sweep, cli_env):
+    for module in (repl, rollout, train, sweep, env):
         module.add_parser(sub)
     return parser
 
@@ -83,7 +84,3 @@ def _reader_gone() -> int:
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

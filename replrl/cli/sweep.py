@@ -76,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from .sweep import print_commands, sweep
+    from ..sweep import print_commands, sweep
 
     sets = parse_sets(args.sets)
     if args.print_only:
@@ -97,7 +97,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 def parse_sets(items: list[str]) -> dict[str, object]:
     """``["run.eval_n=20", "task.data=path/x"]`` -> {"run.eval_n": 20, "task.data": "path/x"}: each VALUE read as
     TOML, else taken as a plain string."""
-    from .configlib import ConfigError
+    from ..configlib import ConfigError
 
     if sys.version_info >= (3, 11):
         import tomllib
@@ -121,7 +121,7 @@ def _say(line: str) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from .compare import compare
+    from ..compare import compare
 
     _, table = compare(args.paths, out=args.out, baseline=args.baseline)
     print((Path(args.out) / "summary.md").read_text())
