@@ -22,26 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench script's helpers
 
-from programs_baseline import _code_version, _limits, figures  # noqa: E402
+from programs_baseline import _code_version, _limits, figures, resumed, sample_waves, write_results  # noqa: E402
 
 from replrl.api import load_config  # noqa: E402
-from replrl.backends import load_generator  # noqa: E402
 from replrl.cli import run_script  # noqa: E402
-from replrl.policy import load_policy  # noqa: E402
-from replrl.rewards import RewardModel  # noqa: E402
-from replrl.rollout import EpisodeRules, rollout  # noqa: E402
 from replrl.trainer import split_rows, task_from_config  # noqa: E402
 from replrl.types import Trajectory  # noqa: E402
-from replrl.viewer import load_jsonl, save_jsonl  # noqa: E402
-from sandbox import KernelPool, run_sync  # noqa: E402
 
 MODELS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
 LEVELS = (1, 2, 3)
@@ -77,10 +69,7 @@ def run_cell(model: str, temperature: float, per_level: int, wave: int, episodes
     chosen: list[tuple[int, dict]] = []
     for lv in LEVELS:  # level 1 first: its accuracy (is level 1 too hard?) is known early
         chosen += [(i, row) for i, row in enumerate(rows) if row["level"] == lv][:per_level]
-    done = load_jsonl(episodes) if episodes.exists() else []
-    episodes.parent.mkdir(parents=True, exist_ok=True)
-    timing_file = episodes.with_suffix(".timing.json")
-    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {"wall_s": 0.0, "model_tokens": 0}
+    done, timing = resumed(episodes)
     todo = [pair for pair in chosen if pair[0] not in {t.row for t in done}]
     print(f"{model} T={temperature}: {len(chosen)} problems, {len(chosen) - len(todo)} already done "
           f"(rollout limits: {_limits(cfg)})", flush=True)
@@ -88,29 +77,7 @@ def run_cell(model: str, temperature: float, per_level: int, wave: int, episodes
         print(f"  --saved-only: {len(todo)} problems not sampled (the levels' counts say so)", flush=True)
         chosen = [pair for pair in chosen if pair not in todo]
     elif todo:
-        t0 = time.perf_counter()
-        policy, tokenizer = load_policy(cfg.model, seed=seed)
-        generator = load_generator(cfg.model.backend, policy, tokenizer)
-        print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-        rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
-        pool = run_sync(KernelPool(size=wave, limits=cfg.rollout.limits(), tools=task.tools).start())
-        try:
-            for start in range(0, len(todo), wave):
-                sampling = cfg.rollout.sampling(seed=seed + 7 + len(done))
-                part, stats = run_sync(rollout(generator, pool, task, todo[start:start + wave], rewards, sampling,
-                                               rules, chat_template=cfg.model.chat_template))
-                done += part
-                save_jsonl(done, episodes.with_suffix(".partial"))
-                os.replace(episodes.with_suffix(".partial"), episodes)
-                timing["wall_s"] += stats.wall_s
-                timing["model_tokens"] += stats.model_tokens
-                timing["setup_s"] = timing.get("setup_s", 0.0) + stats.extra.get("setup_s", 0.0)
-                timing["code"] = code
-                timing_file.write_text(json.dumps(timing))
-                print(f"  {len(done)}/{len(chosen)} episodes, {sum(bool(t.correct) for t in done)} correct, "
-                      f"{stats.model_tokens / max(stats.wall_s, 1e-9):.1f} tokens/s in this wave", flush=True)
-        finally:
-            run_sync(pool.close())
+        sample_waves(cfg, task, todo, done, timing, episodes, wave, seed, code, total=len(chosen))
     wanted = {i for i, _ in chosen}
     done = [t for t in done if t.row in wanted]
     level_of = {i: row["level"] for i, row in chosen}
@@ -165,10 +132,7 @@ def main() -> int:
                 cell = run_cell(model, temperature, args.per_level, args.wave, episodes, args.seed, code,
                                 sample=not args.saved_only)
                 results["cells"][key] = cell
-                out.parent.mkdir(parents=True, exist_ok=True)
-                tmp = out.with_name(f".{out.name}.{os.getpid()}")
-                tmp.write_text(json.dumps(results, indent=1) + "\n")
-                os.replace(tmp, out)
+                write_results(out, results)
             cells.append(cell)
             print(table([cell]).splitlines()[-1], flush=True)
     print()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from replrl.api import load_config
-from replrl.backends import load_generator
+from replrl.backends import close_generator, load_generator
 from replrl.cli import run_script
 from replrl.policy import load_policy
 from replrl.rewards import SYNTAX_ERRORS, RewardModel
@@ -84,38 +84,12 @@ def run_cell(model: str, temperature: float, per_level: int, backend: str, wave:
     for lv in LEVELS:
         chosen += [(i, row) for i, row in enumerate(rows) if row["level"] == lv][:per_level]
     chosen.sort(key=lambda pair: pair[0])  # split order: every wave mixes levels and families
-    done = load_jsonl(episodes) if episodes.exists() else []
-    episodes.parent.mkdir(parents=True, exist_ok=True)
-    timing_file = episodes.with_suffix(".timing.json")
-    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {"wall_s": 0.0, "model_tokens": 0}
+    done, timing = resumed(episodes)
     todo = [pair for pair in chosen if pair[0] not in {t.row for t in done}]
     print(f"{model} T={temperature}: {len(chosen)} problems, {len(chosen) - len(todo)} already done "
           f"(rollout limits: {_limits(cfg)}, backend {backend})", flush=True)
     if todo:
-        t0 = time.perf_counter()
-        policy, tokenizer = load_policy(cfg.model, seed=seed)
-        generator = load_generator(cfg.model.backend, policy, tokenizer)
-        print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-        rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
-        pool = run_sync(KernelPool(size=wave, limits=cfg.rollout.limits(), tools=task.tools).start())
-        try:
-            for start in range(0, len(todo), wave):
-                sampling = cfg.rollout.sampling(seed=seed + 7 + len(done))
-                part, stats = run_sync(rollout(generator, pool, task, todo[start:start + wave], rewards, sampling,
-                                               rules, chat_template=cfg.model.chat_template))
-                done += part
-                save_jsonl(done, episodes.with_suffix(".partial"))
-                os.replace(episodes.with_suffix(".partial"), episodes)
-                timing["wall_s"] += stats.wall_s
-                timing["model_tokens"] += stats.model_tokens
-                timing["code"] = code
-                timing_file.write_text(json.dumps(timing))
-                print(f"  {len(done)}/{len(chosen)} episodes, {sum(bool(t.correct) for t in done)} correct, "
-                      f"{stats.model_tokens / max(stats.wall_s, 1e-9):.1f} tokens/s in this wave", flush=True)
-        finally:
-            run_sync(pool.close())
-            if hasattr(generator, "close"):
-                generator.close()
+        sample_waves(cfg, task, todo, done, timing, episodes, wave, seed, code, total=len(chosen))
     wanted = {i for i, _ in chosen}
     done = [t for t in done if t.row in wanted]
     level_of = {i: row["level"] for i, row in chosen}
@@ -125,6 +99,54 @@ def run_cell(model: str, temperature: float, per_level: int, backend: str, wave:
             "tokens_per_s": timing["model_tokens"] / max(timing["wall_s"], 1e-9), "rollout_wall_s": timing["wall_s"],
             "code": timing.get("code", "")}
     return cell
+
+
+def resumed(episodes: Path) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The episodes a cell sampled so far (``episodes``, JSON Lines) and its rollout timing (``.timing.json``)."""
+    done = load_jsonl(episodes) if episodes.exists() else []
+    timing_file = episodes.with_suffix(".timing.json")
+    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {"wall_s": 0.0, "model_tokens": 0}
+    return done, timing
+
+
+def sample_waves(cfg: Any, task: Any, todo: list[tuple[int, dict]], done: list[Trajectory], timing: dict[str, Any],
+                 episodes: Path, wave: int, seed: int, code: str, total: int) -> None:
+    """Sample the ``todo`` problems with ``cfg``'s model, ``wave`` at a time, appending each wave's episodes to
+    ``done`` and writing them (atomically) and ``timing`` to disk as the wave ends, so a rerun resumes there. The
+    model is loaded here and its generator and kernel pool closed at the end. ``code``: the replrl version."""
+    episodes.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    policy, tokenizer = load_policy(cfg.model, seed=seed)
+    generator = load_generator(cfg.model.backend, policy, tokenizer)
+    print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
+    pool = run_sync(KernelPool(size=wave, limits=cfg.rollout.limits(), tools=task.tools).start())
+    try:
+        for start in range(0, len(todo), wave):
+            sampling = cfg.rollout.sampling(seed=seed + 7 + len(done))
+            part, stats = run_sync(rollout(generator, pool, task, todo[start:start + wave], rewards, sampling,
+                                           rules, chat_template=cfg.model.chat_template))
+            done += part
+            save_jsonl(done, episodes.with_suffix(".partial"))
+            os.replace(episodes.with_suffix(".partial"), episodes)
+            timing["wall_s"] += stats.wall_s
+            timing["model_tokens"] += stats.model_tokens
+            timing["setup_s"] = timing.get("setup_s", 0.0) + stats.extra.get("setup_s", 0.0)
+            timing["code"] = code
+            episodes.with_suffix(".timing.json").write_text(json.dumps(timing))
+            print(f"  {len(done)}/{total} episodes, {sum(bool(t.correct) for t in done)} correct, "
+                  f"{stats.model_tokens / max(stats.wall_s, 1e-9):.1f} tokens/s in this wave", flush=True)
+    finally:
+        run_sync(pool.close())
+        close_generator(generator)
+
+
+def write_results(out: Path, results: dict[str, Any]) -> None:
+    """``results`` to ``out`` as JSON, atomically (an interrupted write leaves the last whole file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    os.replace(tmp, out)
 
 
 def _code_version() -> str:
@@ -186,10 +208,7 @@ def main() -> int:
                 cell = run_cell(model, temperature, args.per_level, args.backend, args.wave,
                                 Path(args.episodes) / name, args.seed, code)
                 results["cells"][key] = cell
-                out.parent.mkdir(parents=True, exist_ok=True)
-                tmp = out.with_name(f".{out.name}.{os.getpid()}")
-                tmp.write_text(json.dumps(results, indent=1) + "\n")
-                os.replace(tmp, out)
+                write_results(out, results)
             cells.append(cell)
             print(table([cell]).splitlines()[-1], flush=True)
     print()
