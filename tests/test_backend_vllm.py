@@ -127,6 +127,17 @@ def test_a_dead_engine_is_one_line(tok):
     assert isinstance(err.value, BackendError) and "\n" not in str(err.value)
 
 
+def test_a_closed_generator_is_one_line(tok):
+    """After close() (Trainer.close(), the API's own generators) a session or a sync is refused in one line, not an
+    AttributeError on the dropped engine."""
+    g = object.__new__(vllm_backend.VLLMGenerator)
+    g.engine = None  # what close() leaves
+    with pytest.raises(vllm_backend.EngineStopped, match="generator was closed"):
+        g.session([[1, 2]], SamplingParams())
+    with pytest.raises(vllm_backend.EngineStopped, match="generator was closed"):
+        g.sync_weights(tiny_model(tok, head_dim=64))
+
+
 def test_engine_has_room_for_every_row(gen):
     """``max_rows`` above vLLM's default of 128 requests raises the engine's bound (a row waiting for its kernel
     keeps its request's place, so rows beyond the bound would wait for whole episodes)."""

@@ -736,12 +736,18 @@ class VLLMGenerator:
 
     def session(self, prompts: list[list[int]], sampling: SamplingParams) -> VLLMSession:
         """Open a session: one row per prompt."""
+        self._check_open()
         return VLLMSession(self, prompts, sampling)
+
+    def _check_open(self) -> None:
+        if self.engine is None:
+            raise EngineStopped("this vLLM generator was closed (close(), Trainer.close()); load a new one")
 
     def sync_weights(self, model: Any) -> None:
         """Copy ``model``'s weights into the engine (in memory, see ``sync_transport``; loaded by vLLM's in-place
         reload) and drop the prefix cache computed with the old ones. Call it between rollouts (no request in
         flight). Raises ``WeightSyncTimeout`` (one line) when it takes longer than ``sync_timeout_s``."""
+        self._check_open()
         t0 = time.perf_counter()
         deadline = t0 + self.sync_timeout_s
         with merged(model), torch.no_grad():
