@@ -402,6 +402,17 @@ def test_auto_transport_is_shared_memory_for_cpu_weights_and_falls_back_when_cud
     assert_engine_samples_from(gen, tok, model)
 
 
+def test_an_error_inside_the_worker_leaves_the_engine_serving(gen, tok):
+    """A weight load that raises inside vLLM's worker (here: a CUDA IPC handle the worker cannot open, on any
+    machine) fails that call only: the engine, its worker and the next sync keep working (the fallback to shared
+    memory relies on it)."""
+    with pytest.raises(Exception, match="collective_rpc"):
+        gen.call(gen.engine.collective_rpc("replrl_load_cuda", args=(b"not a handle", "no-such-gpu", [])))
+    model = tiny_model(tok, seed=7, head_dim=64)
+    gen.sync_weights(model)
+    assert_engine_samples_from(gen, tok, model)
+
+
 def test_worker_lets_go_of_the_weight_buffer_and_maps_it_again(gen, tok):
     """``close`` first asks the worker to drop its mapping of the weight buffer (a CUDA IPC buffer must be released
     before its producer, the trainer, exits); a later sync maps it again."""
