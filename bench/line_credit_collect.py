@@ -286,6 +286,18 @@ def train_figure(run: RunRecords, *keys: str) -> float:
     return math.nan
 
 
+def no_correct_share(run: RunRecords) -> float:
+    """The share of the run's training steps in which no episode was correct (NaN: no training step logged)."""
+    steps = [row["accuracy"] for row in run.rows if "episodes" in row and "accuracy" in row]
+    return sum(a == 0 for a in steps) / len(steps) if steps else math.nan
+
+
+def no_signal(run: RunRecords) -> str:
+    """How many of the run's training steps had no correct episode, as "k of n"."""
+    steps = [row["accuracy"] for row in run.rows if "episodes" in row and "accuracy" in row]
+    return f"{sum(a == 0 for a in steps)} of {len(steps)}" if steps else ""
+
+
 def device(run: RunRecords) -> str:
     found = {e.get("device", "?") for e in read_environments(run.path)}
     return ", ".join(sorted(found)) if found else "not recorded"
@@ -418,6 +430,10 @@ def arm_section(
             lambda v: fmt_pct([train_figure(r, "adv/correct_negative_frac") for r in variants[v]]),
         ),
         (
+            "training steps without a correct episode (nothing to learn from)",
+            lambda v: fmt_pct([no_correct_share(r) for r in variants[v]]),
+        ),
+        (
             "tokens generated per leaf (training)",
             lambda v: fmt_num(
                 [train_figure(r, "tree/generated_tokens_per_leaf", "model_tokens_per_episode") for r in variants[v]],
@@ -450,7 +466,8 @@ def arm_section(
     lines.append("| device | " + " | ".join(", ".join(sorted({device(r) for r in variants[v]})) for v in names) + " |")
     lines.append("")
     # 4. per run
-    head = ["variant", "seed", "steps", f"{main_task} accuracy", "collapsed", "lines/episode", "device", "run"]
+    head = ["variant", "seed", "steps", "steps without a correct episode", f"{main_task} accuracy", "collapsed",
+            "lines/episode", "device", "run"]
     lines += ["Per run:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in names:
         for r, (_, flag) in zip(variants[v], flags[v]):
@@ -459,8 +476,8 @@ def arm_section(
             acc = "" if f is None else f"{100 * share(scores(f)):.1f}%"
             lpe = "" if not f else f"{sum(typed_lines(e['text']) for e in f) / len(f):.1f}"
             lines.append(
-                f"| `{v}` | {r.seed} | {steps} | {acc} | {'' if flag is None else 'yes' if flag else 'no'} | "
-                f"{lpe} | {device(r)} | {r.path.as_posix()} |"
+                f"| `{v}` | {r.seed} | {steps} | {no_signal(r)} | {acc} | "
+                f"{'' if flag is None else 'yes' if flag else 'no'} | {lpe} | {device(r)} | {r.path.as_posix()} |"
             )
     lines.append("")
     # 5. transcripts for a reader to judge
@@ -540,6 +557,8 @@ PAGE_NOTES = f"""Definitions:
 - Correct training episodes with a negative advantage: `adv/correct_negative_frac`, mean over training steps (with
   trees, an episode is a leaf). Tokens generated per leaf: `tree/generated_tokens_per_leaf` for tree runs (a shared
   prefix counted once), else `model_tokens_per_episode`, mean over training steps.
+- Training steps without a correct episode: with the outcome as the only reward, every group of such a step has
+  all-zero advantages, so the step has nothing to learn from (training accuracy 0).
 - Wall-clock per step: `step_s`, mean over training steps; compared only between runs on the same machine kind.
 """
 

@@ -197,7 +197,15 @@ def write_run(
 
     run_dir.mkdir(parents=True)
     (run_dir / "config.toml").write_text(to_toml(cfg))
-    rows = [{"step": s, "episodes": 16, "step_s": 10.0 * s, **train} for s in (1, 2)]
+    rows = [
+        {
+            "step": s,
+            "episodes": 16,
+            "step_s": 10.0 * s,
+            **{k: v[s - 1] if isinstance(v, list) else v for k, v in train.items()},
+        }
+        for s in (1, 2)
+    ]
     samples = []
     for (label, step), episodes in evals.items():
         rows.append(
@@ -253,7 +261,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
                 ("eval", 12): eps(after),
                 ("transfer", 12): eps("10"),
             },
-            {"adv/correct_negative_frac": 0.0, "model_tokens_per_episode": 80.0},
+            {"adv/correct_negative_frac": 0.0, "model_tokens_per_episode": 80.0, "accuracy": [0.0, 0.25]},
         )
     # arm 1's tree: 50% and 75%, +25 points at both seeds; its correct episodes looked at a value, then coded
     for s, after in {0: "1100", 1: "1110"}.items():
@@ -265,6 +273,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
                 "adv/correct_negative_frac": 0.25,
                 "tree/generated_tokens_per_leaf": 40.0,
                 "model_tokens_per_episode": 90.0,
+                "accuracy": 0.5,
             },
         )
     # arm 2: the control evaluates the untrained model; the tree collapses at seed 1 (0% against the control's 50%)
@@ -352,6 +361,12 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
         "| 0.0% [0.0, 0.0] | 25.0% [25.0, 25.0] |"
     )
     assert rows(arm1_text, "collapsed runs") == ["| collapsed runs | 0 of 2 | 0 of 2 |"]
+    # training steps without a correct episode: the control's first step of two at both seeds, none of the tree's
+    assert rows(arm1_text, "training steps without a correct episode (nothing to learn from)") == [
+        "| training steps without a correct episode (nothing to learn from) | 50.0% [50.0, 50.0] | 0.0% [0.0, 0.0] |"
+    ]
+    assert "| `outcome_only` | 0 | 2 | 1 of 2 | 25.0% | no |" in arm1_text
+    assert "| `tree` | 1 | 2 | 0 of 2 | 75.0% | no |" in arm1_text
     assert rows(arm1_text, "wall-clock per step / the control's") == [
         "| wall-clock per step / the control's |  | 1.00x (machine not recorded) |"
     ]
