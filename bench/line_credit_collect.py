@@ -292,6 +292,13 @@ def no_correct_share(run: RunRecords) -> float:
     return sum(a == 0 for a in steps) / len(steps) if steps else math.nan
 
 
+def contrast_share(run: RunRecords) -> float:
+    """The share of the run's training groups whose episodes (leaves) differed in outcome: ``groups_with_contrast``
+    over the steps' groups (``rollout.problems_per_step`` a step). NaN where the run did not log it."""
+    steps = [row["groups_with_contrast"] for row in run.rows if "episodes" in row and "groups_with_contrast" in row]
+    return sum(steps) / (len(steps) * run.cfg.rollout.problems_per_step) if steps else math.nan
+
+
 def no_signal(run: RunRecords) -> str:
     """How many of the run's training steps had no correct episode, as "k of n"."""
     steps = [row["accuracy"] for row in run.rows if "episodes" in row and "accuracy" in row]
@@ -434,6 +441,10 @@ def arm_section(
             lambda v: fmt_pct([no_correct_share(r) for r in variants[v]]),
         ),
         (
+            "training groups with a contrast (some leaves right, some wrong)",
+            lambda v: fmt_pct([contrast_share(r) for r in variants[v]]),
+        ),
+        (
             "tokens generated per leaf (training)",
             lambda v: fmt_num(
                 [train_figure(r, "tree/generated_tokens_per_leaf", "model_tokens_per_episode") for r in variants[v]],
@@ -559,6 +570,8 @@ PAGE_NOTES = f"""Definitions:
   prefix counted once), else `model_tokens_per_episode`, mean over training steps.
 - Training steps without a correct episode: with the outcome as the only reward, every group of such a step has
   all-zero advantages, so the step has nothing to learn from (training accuracy 0).
+- Training groups with a contrast: `groups_with_contrast` over the groups trained (the shaping sweep's control
+  runs predate that figure: blank).
 - Wall-clock per step: `step_s`, mean over training steps; compared only between runs on the same machine kind.
 """
 

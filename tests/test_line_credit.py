@@ -274,6 +274,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
                 "tree/generated_tokens_per_leaf": 40.0,
                 "model_tokens_per_episode": 90.0,
                 "accuracy": 0.5,
+                "groups_with_contrast": [1, 2],
             },
         )
     # arm 2: the control evaluates the untrained model; the tree collapses at seed 1 (0% against the control's 50%)
@@ -364,6 +365,11 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     # training steps without a correct episode: the control's first step of two at both seeds, none of the tree's
     assert rows(arm1_text, "training steps without a correct episode (nothing to learn from)") == [
         "| training steps without a correct episode (nothing to learn from) | 50.0% [50.0, 50.0] | 0.0% [0.0, 0.0] |"
+    ]
+    # groups with a contrast: the tree's 1 + 2 of 2 steps x 2 problems (the sweep's problems_per_step); the control
+    # did not log it
+    assert rows(arm1_text, "training groups with a contrast (some leaves right, some wrong)") == [
+        "| training groups with a contrast (some leaves right, some wrong) |  | 75.0% [75.0, 75.0] |"
     ]
     assert "| `outcome_only` | 0 | 2 | 1 of 2 | 25.0% | no |" in arm1_text
     assert "| `tree` | 1 | 2 | 0 of 2 | 75.0% | no |" in arm1_text
