@@ -368,7 +368,8 @@ class Trainer:
 
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes and GPU memory; nothing for the HF backend). The trainer
-        can still be saved and its model read; it cannot sample again. ``with Trainer(...) as t:`` closes on exit."""
+        can still be saved and its model read; with vLLM it cannot sample again (one-line EngineStopped). ``with
+        Trainer(...) as t:`` closes on exit."""
         close_generator(self.generator)
 
     def __enter__(self) -> Trainer:
