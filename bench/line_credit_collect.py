@@ -181,6 +181,29 @@ def looked_then_coded(text: str) -> bool:
     return False
 
 
+LITERAL = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])|'[^'\n]*'|\"[^\"\n]*\"")
+"""A number or a quoted string in a line of code or output."""
+
+
+def used_output(text: str) -> bool:
+    """Whether a statement typed a literal (a number other than 0 and 1, a quoted string) that an earlier
+    statement's output showed (not a traceback) and that neither the problem nor an earlier statement held, as a
+    token (a number, a word, a string's content): the model carried a value it saw into its code (``submit(21)``
+    after ``21`` was printed; a key read off a printed dict)."""
+    head = text.split(BANNER_END, 1)[0]
+    known = {"0", "1", "-1", ""} | set(re.findall(r"[\w.-]+", head))
+    known |= {lit.strip("'\"") for lit in LITERAL.findall(head)}
+    shown: set[str] = set()
+    for source, output in statements(text):
+        literals = LITERAL.findall(source)
+        if any(lit in shown and lit.strip("'\"") not in known for lit in literals):
+            return True
+        known.update(lit.strip("'\"") for lit in literals)
+        if output and not output[0].startswith(("Traceback", "  File")):
+            shown.update(LITERAL.findall("\n".join(output)))
+    return False
+
+
 # -- the page's figures --------------------------------------------------------------------------------------------
 def problem_levels(task: str, cfg: Config) -> dict[int, int]:
     """{row: level} of a generated task's test split (programs, explore); {} for a task without levels."""
@@ -419,6 +442,10 @@ def arm_section(
             lambda v: fmt_pct([sum(map(looked_then_coded, (e["text"] for e in f))) / len(f) for f in finals(v) if f]),
         ),
         (
+            "carried a printed value into a later line (share of episodes)",
+            lambda v: fmt_pct([sum(map(used_output, (e["text"] for e in f))) / len(f) for f in finals(v) if f]),
+        ),
+        (
             "lines per correct episode",
             lambda v: fmt_num(
                 [
@@ -492,11 +519,11 @@ def arm_section(
             )
     lines.append("")
     # 5. transcripts for a reader to judge
-    picks = transcript_candidates(variants, main_task)
+    picks = transcript_candidates(variants, main_task, [t for t, _ in tasks if t != main_task])
     if picks:
         lines += [
-            f"Transcript candidates, picked by rule from the final `{main_task}` evaluations (a reader judges "
-            "whether the output decided the next line):",
+            f"Transcript candidates, picked by rule from the final evaluations (`{main_task}` first; a reader "
+            "judges whether the output decided the next line):",
             "",
         ]
         for title, run, episode in picks:
@@ -526,24 +553,29 @@ def session(text: str, max_lines: int = 24) -> str:
     )
 
 
-def transcript_candidates(variants: dict[str, list[RunRecords]], task: str) -> list[tuple[str, RunRecords, dict]]:
-    """Per variant other than the control: the shortest correct episode that looked at a value, then wrote more code
-    (a candidate for "used an output to decide its next line"), from any seed's final evaluation (the lower seed
-    on a tie), and a typical one (the correct episode, else any, whose typed lines are the median of its run's),
-    from its first seed's."""
+def transcript_candidates(
+    variants: dict[str, list[RunRecords]], task: str, others: Sequence[str] = ()
+) -> list[tuple[str, RunRecords, dict]]:
+    """Per variant other than the control: the shortest correct episode that carried a printed value into a later
+    line (``used_output``: a candidate for "used an output to decide its next line") from any seed's final
+    evaluation of ``task`` (the lower seed on a tie), else of the first of ``others`` (the other held-out tasks)
+    that has one; and a typical one (the correct episode, else any, whose typed lines are the median of its
+    run's), from its first seed's evaluation of ``task``."""
     out = []
     for v, runs in variants.items():
         if v == CONTROL or not runs or (final := runs[0].final(task)) is None:
             continue
-        looked = [
-            (typed_lines(e["text"]), r.seed, int(e["row"]), i, e)
-            for i, r in enumerate(runs)
-            for e in r.final(task) or []
-            if e["correct"] and looked_then_coded(e["text"])
-        ]
-        if looked:
-            *_, i, best = min(looked, key=lambda c: c[:4])
-            out.append(("Looked at a value, then wrote more code", runs[i], best))
+        for where in (task, *others):
+            used = [
+                (typed_lines(e["text"]), r.seed, int(e["row"]), i, e)
+                for i, r in enumerate(runs)
+                for e in r.final(where) or []
+                if e["correct"] and used_output(e["text"])
+            ]
+            if used:
+                *_, i, best = min(used, key=lambda c: c[:4])
+                out.append((f"Carried a printed value into a later line (held-out `{where}`)", runs[i], best))
+                break
         pool = sorted(
             [e for e in final if e["correct"]] or final, key=lambda e: (typed_lines(e["text"]), int(e["row"]))
         )
@@ -564,6 +596,9 @@ PAGE_NOTES = f"""Definitions:
   at the same seed (for a control run: of the untrained model's).
 - Looked at a value, then wrote more code: a statement other than `submit(...)` printed something that is not a
   traceback, and a later statement other than `submit(...)` was typed (read from the episode's text).
+- Carried a printed value into a later line: a statement typed a number (other than 0 and 1) or a quoted string
+  that an earlier statement's output showed, and that neither the problem nor an earlier statement held (e.g.
+  `submit(21)` after `21` was printed, a key read off a printed dict).
 - Lines: the lines the model typed (`>>> ` and `... ` lines), as `lines_per_episode` counts them.
 - Correct training episodes with a negative advantage: `adv/correct_negative_frac`, mean over training steps (with
   trees, an episode is a leaf). Tokens generated per leaf: `tree/generated_tokens_per_leaf` for tree runs (a shared

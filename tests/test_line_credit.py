@@ -129,7 +129,8 @@ def test_t_interval_and_problem_bootstrap_on_fixed_numbers() -> None:
 # The collector: figures read from transcripts, then the page from a sweep directory written here
 
 BANNER = 'Python 3.11.7 (main) on linux\nType "help", "copyright", "credits" or "license" for more information.\n'
-LOOKED = ">>> x = 3\n>>> x\n3\n>>> y = x * 2\n>>> submit(y)\n"  # looked, then coded
+LOOKED = ">>> x = 3\n>>> x\n3\n>>> y = x * 2\n>>> submit(y)\n"  # looked, then coded (3 was typed before it showed)
+USED = ">>> x = 3 * 7\n>>> x\n21\n>>> y = 21 * 2\n>>> submit(y)\n"  # looked, then typed the 21 it saw
 PLAIN = ">>> submit(5)\n"
 ERROR = (
     '>>> 1/0\nTraceback (most recent call last):\n  File "<stdin>", line 1, in <module>\n'
@@ -152,32 +153,53 @@ def load_collector():
 def test_looked_then_coded_and_typed_lines_read_from_the_text() -> None:
     lc = load_collector()
     header = "Problem: what is 6?\n>>> total = sum(i for i in range(4))\n>>> submit(total)\n"  # the header's example
-    cases = {LOOKED: (True, 4), PLAIN: (False, 1), ERROR: (False, 3), LAST_LOOK: (False, 2), BLOCK: (True, 5)}
-    for body, (looked, lines) in cases.items():
+    cases = {  # body: (looked, then coded; carried a printed value into a later line; typed lines)
+        LOOKED: (True, False, 4),
+        USED: (True, True, 4),
+        PLAIN: (False, False, 1),
+        ERROR: (False, False, 3),  # a traceback shows no value
+        LAST_LOOK: (False, False, 2),  # submit(4) after 4 showed, but the header's example holds a 4
+        ">>> 2 + 3\n5\n>>> submit(5)\n": (False, True, 2),
+        BLOCK: (True, False, 5),  # its output is 0 and 1 only
+        ">>> d\n{'a': 5, 'b': 7}\n>>> d['b']\n7\n": (True, True, 2),  # a key read off a printed dict
+        ">>> import sys\n>>> sys.version\n'3.11.7'\n>>> x = 6\n>>> submit(x)\n": (True, False, 4),  # 6: the problem's
+    }
+    for body, (looked, used, lines) in cases.items():
         text = header + BANNER + body
-        assert (lc.looked_then_coded(text), lc.typed_lines(text)) == (looked, lines), body
+        assert (lc.looked_then_coded(text), lc.used_output(text), lc.typed_lines(text)) == (looked, used, lines), body
 
 
-def test_the_looked_transcript_comes_from_any_seed_and_the_typical_one_from_the_first() -> None:
-    """A variant's first seed has no correct episode that looked, then coded; its second has two: the shorter is
-    shown, from seed 1, and the typical transcript stays the first seed's."""
+def test_the_used_output_transcript_comes_from_any_seed_then_any_task_and_the_typical_one_from_the_first() -> None:
+    """A variant's first seed has no correct episode that carried a printed value into a later line; its second has
+    two: the shorter is shown, from seed 1, and the typical transcript stays the first seed's. Where the training
+    task has none, the other held-out tasks are searched in order."""
     lc = load_collector()
-    cfg = Config()  # evaluates its training task, arithmetic, under the label "eval"
+    cfg = resolve(Config, None, {"run": {"extra_eval": [{"name": "explore", "level": 0, "n": 3}]}})
     header = "Problem: what is 6?\n" + BANNER
 
-    def run(seed: int, bodies: list[tuple[str, bool]]):
-        episodes = [{"row": i, "correct": ok, "text": header + body} for i, (body, ok) in enumerate(bodies)]
-        return lc.RunRecords("tree", seed, Path(f"s{seed}"), cfg, [], {("eval", 12): episodes})
+    def run(seed: int, bodies: list[tuple[str, bool]], explore: list[tuple[str, bool]] = ()):
+        def eps(pairs):
+            return [{"row": i, "correct": ok, "text": header + body} for i, (body, ok) in enumerate(pairs)]
 
-    longer = LOOKED + ">>> y = 1\n"
-    runs = [run(0, [(PLAIN, True), (LOOKED, False)]), run(1, [(longer, True), (PLAIN, True), (LOOKED, True)])]
-    picks = lc.transcript_candidates({lc.CONTROL: [], "tree": runs}, "arithmetic")
+        episodes = {("eval", 12): eps(bodies), ("eval_explore", 12): eps(explore)}
+        return lc.RunRecords("tree", seed, Path(f"s{seed}"), cfg, [], episodes)
+
+    longer = USED + ">>> y = 1\n"
+    runs = [run(0, [(PLAIN, True), (USED, False)]), run(1, [(longer, True), (PLAIN, True), (USED, True)])]
+    picks = lc.transcript_candidates({lc.CONTROL: [], "tree": runs}, "arithmetic", ["explore"])
     assert [(title, r.seed, e["row"]) for title, r, e in picks] == [
-        ("Looked at a value, then wrote more code", 1, 2),
+        ("Carried a printed value into a later line (held-out `arithmetic`)", 1, 2),
         ("Typical", 0, 0),
     ]
-    # no seed has one: only the typical transcript
-    picks = lc.transcript_candidates({"tree": runs[:1]}, "arithmetic")
+    # none on the training task (LOOKED looked, but typed nothing it saw): the explore evaluation's
+    runs = [run(0, [(PLAIN, True), (LOOKED, True)], explore=[(PLAIN, True), (USED, True)])]
+    picks = lc.transcript_candidates({"tree": runs}, "arithmetic", ["explore"])
+    assert [(title, r.seed, e["row"]) for title, r, e in picks] == [
+        ("Carried a printed value into a later line (held-out `explore`)", 0, 1),
+        ("Typical", 0, 1),
+    ]
+    # none anywhere: only the typical transcript
+    picks = lc.transcript_candidates({"tree": runs}, "arithmetic")
     assert [(title, r.seed) for title, r, _ in picks] == [("Typical", 0)]
 
 
@@ -247,7 +269,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
 
     def eps(pattern: str, body: str = PLAIN) -> list[tuple[int, str]]:
         return [
-            (int(c), LOOKED if c == "1" and body == "mixed" else PLAIN if body == "mixed" else body) for c in pattern
+            (int(c), USED if c == "1" and body == "mixed" else PLAIN if body == "mixed" else body) for c in pattern
         ]
 
     # arm 1's control (programs: rows 0-3 of its test split, levels 3, 2, 2, 3): 25% and 50% after training
@@ -350,9 +372,12 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     assert "\"before\" on explore: arm 2's `outcome_only` runs' evaluation of the untrained model" in arm1_text
     # GSM8K: control 1 of 2 at both seeds, tree 2 of 2: +50 at both; the problems are 1 (+1) and 0 (+0)
     assert rows(arm1_text, "GSM8K")[1] == "| GSM8K | +50.0 [+50.0, +50.0] (2); problems [+0.0, +100.0] |"
-    # behaviour: the tree's correct episodes (5 of 8) looked at a value, then coded, each in 4 lines (LOOKED)
+    # behaviour: the tree's correct episodes (5 of 8) looked at a value, then coded, each in 4 lines (USED)
     assert rows(arm1_text, "looked at a value, then wrote more code (share of episodes)") == [
         "| looked at a value, then wrote more code (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
+    ]
+    assert rows(arm1_text, "carried a printed value into a later line (share of episodes)") == [
+        "| carried a printed value into a later line (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
     ]
     assert rows(arm1_text, "lines per correct episode")[0].endswith("| 1.0 [1.0, 1.0] | 4.0 [4.0, 4.0] |")
     # lines per episode: tree seed 0 (4 + 4 + 1 + 1) / 4 = 2.5, seed 1 (4 * 3 + 1) / 4 = 3.25: the interval clipped
@@ -383,10 +408,15 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
         rows(arm2_text, "explore, all levels")[0] == "| explore, all levels | 12.5% [0.0, 100.0] | 37.5% [0.0, "
         "100.0] | 25.0% [0.0, 100.0] |"
     )
-    # transcript candidates: the tree's shortest correct episode that looked, then coded (seed 0, row 0), and a
+    # transcript candidates: the tree's shortest correct episode that typed a value it saw (seed 0, row 0), and a
     # typical one (the median by typed lines of its correct ones: rows 0 and 1 tie at 4 lines, so row 1)
-    assert "Looked at a value, then wrote more code: `tree` seed 0, problem row 0, correct:" in arm1_text
-    assert "Typical: `tree` seed 0, problem row 1, correct:\n\n```\nProblem: ?\n\n>>> x = 3\n>>> x\n3\n" in arm1_text
+    assert (
+        "Carried a printed value into a later line (held-out `programs`): `tree` seed 0, problem row 0, correct:"
+        in arm1_text
+    )
+    assert (
+        "Typical: `tree` seed 0, problem row 1, correct:\n\n```\nProblem: ?\n\n>>> x = 3 * 7\n>>> x\n21\n" in arm1_text
+    )
     # arm 2's tree seed 1 saw another Python banner in its prompts: the page says so (arm 1's runs all saw one)
     assert "differ in the Python banner" not in arm1_text
     assert "`tree`: `Python 3.11.7 (main) on linux`, `Python 3.12.1 (main) on linux`" in arm2_text
