@@ -315,6 +315,14 @@ def no_correct_share(run: RunRecords) -> float:
     return sum(a == 0 for a in steps) / len(steps) if steps else math.nan
 
 
+def leaves_per_group(run: RunRecords) -> float:
+    """The mean over training steps of the episodes trained on per group (``episodes`` over
+    ``rollout.problems_per_step``): group_size for flat groups; fewer for trees whose episodes ended before a branch
+    point (``tree/leaf_shortfall``)."""
+    steps = [row["episodes"] for row in run.rows if "episodes" in row and "step_s" in row]
+    return sum(steps) / (len(steps) * run.cfg.rollout.problems_per_step) if steps else math.nan
+
+
 def contrast_share(run: RunRecords) -> float:
     """The share of the run's training groups whose episodes (leaves) differed in outcome: ``groups_with_contrast``
     over the steps' groups (``rollout.problems_per_step`` a step). NaN where the run did not log it."""
@@ -468,6 +476,10 @@ def arm_section(
             lambda v: fmt_pct([no_correct_share(r) for r in variants[v]]),
         ),
         (
+            "episodes (leaves) per training group",
+            lambda v: fmt_num([leaves_per_group(r) for r in variants[v]]),
+        ),
+        (
             "training groups with a contrast (some leaves right, some wrong)",
             lambda v: fmt_pct([contrast_share(r) for r in variants[v]]),
         ),
@@ -605,6 +617,9 @@ PAGE_NOTES = f"""Definitions:
   prefix counted once), else `model_tokens_per_episode`, mean over training steps.
 - Training steps without a correct episode: with the outcome as the only reward, every group of such a step has
   all-zero advantages, so the step has nothing to learn from (training accuracy 0).
+- Episodes (leaves) per training group: `episodes` over the step's groups, mean over steps. A tree branches only
+  where an episode is still running (after its 2nd and 4th statement here), so episodes that submit early leave
+  it short of its 8 leaves (`tree/leaf_shortfall`).
 - Training groups with a contrast: `groups_with_contrast` over the groups trained (the shaping sweep's control
   runs predate that figure: blank).
 - Wall-clock per step: `step_s`, mean over training steps; compared only between runs on the same machine kind.

@@ -297,6 +297,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
                 "model_tokens_per_episode": 90.0,
                 "accuracy": 0.5,
                 "groups_with_contrast": [1, 2],
+                "episodes": [16, 12],  # the second step's trees 4 leaves short
             },
         )
     # arm 2: the control evaluates the untrained model; the tree collapses at seed 1 (0% against the control's 50%)
@@ -393,6 +394,10 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     ]
     # groups with a contrast: the tree's 1 + 2 of 2 steps x 2 problems (the sweep's problems_per_step); the control
     # did not log it
+    # episodes per group over the sweep's 2 problems a step: the control 16 and 16, the tree 16 and 12
+    assert rows(arm1_text, "episodes (leaves) per training group") == [
+        "| episodes (leaves) per training group | 8.0 [8.0, 8.0] | 7.0 [7.0, 7.0] |"
+    ]
     assert rows(arm1_text, "training groups with a contrast (some leaves right, some wrong)") == [
         "| training groups with a contrast (some leaves right, some wrong) |  | 75.0% [75.0, 75.0] |"
     ]
