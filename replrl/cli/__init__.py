@@ -2,6 +2,9 @@
 
 Every subcommand turns expected failures (bad config, missing model or dataset, a sandbox that cannot start) into
 one clear line on stderr and a non-zero exit code; ``--debug`` shows the full traceback instead.
+
+One module per command group, each with ``add_parser(sub)``: ``repl``, ``rollout``, ``train`` (train, eval, plot),
+``sweep`` (sweep, compare), ``env``. A new command is a module here and a line in ``build_parser``.
 """
 
 from __future__ import annotations
