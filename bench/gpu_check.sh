@@ -47,5 +47,7 @@ step sync 150 python3 bench/sync_weights.py --models qwen05b --model-dir qwen05b
 # 3. REPL rollouts, vLLM against HF, bf16, batches 32 and 128 (the engine compiled, with CUDA graphs)
 step backends 240 python3 bench/backends.py --model /tmp/qwen05b-random --dtype bfloat16 --batches 32 128 \
   --data tests/data/gsm8k/test.jsonl
+# 4. the rollout loop's own host cost per row-line with generation taken out (does the host explain step 3's gap?)
+step rollout_host 90 python3 bench/rollout_host.py --batches 32 128 --repeats 1
 kill $SAMPLER 2>/dev/null
 echo "[$SECONDS s] done" | tee -a "$OUT/summary.log"
