@@ -309,9 +309,14 @@ def train_figure(run: RunRecords, *keys: str) -> float:
     return math.nan
 
 
+def step_values(run: RunRecords, key: str) -> list[float]:
+    """``key`` of each training step that logged it (a training row holds ``episodes``; evaluation rows do not)."""
+    return [row[key] for row in run.rows if "episodes" in row and key in row]
+
+
 def no_correct_share(run: RunRecords) -> float:
     """The share of the run's training steps in which no episode was correct (NaN: no training step logged)."""
-    steps = [row["accuracy"] for row in run.rows if "episodes" in row and "accuracy" in row]
+    steps = step_values(run, "accuracy")
     return sum(a == 0 for a in steps) / len(steps) if steps else math.nan
 
 
@@ -319,20 +324,20 @@ def leaves_per_group(run: RunRecords) -> float:
     """The mean over training steps of the episodes trained on per group (``episodes`` over
     ``rollout.problems_per_step``): group_size for flat groups; fewer for trees whose episodes ended before a branch
     point (``tree/leaf_shortfall``)."""
-    steps = [row["episodes"] for row in run.rows if "episodes" in row and "step_s" in row]
+    steps = step_values(run, "episodes")
     return sum(steps) / (len(steps) * run.cfg.rollout.problems_per_step) if steps else math.nan
 
 
 def contrast_share(run: RunRecords) -> float:
     """The share of the run's training groups whose episodes (leaves) differed in outcome: ``groups_with_contrast``
     over the steps' groups (``rollout.problems_per_step`` a step). NaN where the run did not log it."""
-    steps = [row["groups_with_contrast"] for row in run.rows if "episodes" in row and "groups_with_contrast" in row]
+    steps = step_values(run, "groups_with_contrast")
     return sum(steps) / (len(steps) * run.cfg.rollout.problems_per_step) if steps else math.nan
 
 
 def no_signal(run: RunRecords) -> str:
     """How many of the run's training steps had no correct episode, as "k of n"."""
-    steps = [row["accuracy"] for row in run.rows if "episodes" in row and "accuracy" in row]
+    steps = step_values(run, "accuracy")
     return f"{sum(a == 0 for a in steps)} of {len(steps)}" if steps else ""
 
 
