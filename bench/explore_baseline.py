@@ -21,14 +21,13 @@ what an interrupted run sampled (each level's count says how many). Printed: a m
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench script's helpers
 
-from programs_baseline import _code_version, _limits, figures, resumed, sample_waves, write_results  # noqa: E402
+from programs_baseline import _code_version, _limits, figures, resumed, run_cells, sample_waves  # noqa: E402
 
 from replrl.api import load_config  # noqa: E402
 from replrl.cli import run_script  # noqa: E402
@@ -120,29 +119,14 @@ def main() -> int:
     args = p.parse_args()
     if args.per_level < 1 or args.wave < 1:
         raise ValueError("--per-level and --wave must be >= 1")
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {"cells": {}}
-    cells, code = [], _code_version()
-    for model in args.models:
-        for temperature in args.temperatures:
-            key = f"{model}@{temperature}"
-            cell = results["cells"].get(key)
-            if cell is None or cell["per_level"] != args.per_level or args.saved_only:
-                episodes = Path(args.episodes) / f"{model.replace('/', '_')}@{temperature}.jsonl"
-                cell = run_cell(model, temperature, args.per_level, args.wave, episodes, args.seed, code,
-                                sample=not args.saved_only)
-                results["cells"][key] = cell
-                write_results(out, results)
-            cells.append(cell)
-            print(table([cell]).splitlines()[-1], flush=True)
-    print()
-    print(table(cells))
-    print(json.dumps({"explore_baseline": {k: {"accuracy_per_level": [c["levels"][str(lv)]["accuracy"]
-                                                                      for lv in LEVELS], **c["all"],
-                                                "tokens_per_s": c["tokens_per_s"]}
-                                            for k, c in results["cells"].items()}}))
-    return 0
+    code = _code_version()
 
+    def cell_of(model: str, temperature: float, episodes: Path) -> dict[str, Any]:
+        return run_cell(model, temperature, args.per_level, args.wave, episodes, args.seed, code,
+                        sample=not args.saved_only)
+
+    run_cells("explore_baseline", args, cell_of, table, redo=args.saved_only)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(run_script(main))

@@ -196,29 +196,38 @@ def main() -> int:
     args = p.parse_args()
     if args.per_level < 1 or args.wave < 1:
         raise ValueError("--per-level and --wave must be >= 1")
+    code = _code_version()  # as this process imported it
+
+    def cell_of(model: str, temperature: float, episodes: Path) -> dict[str, Any]:
+        return run_cell(model, temperature, args.per_level, args.backend, args.wave, episodes, args.seed, code)
+
+    run_cells("programs_baseline", args, cell_of, table, redo=args.refigure)
+    return 0
+
+
+def run_cells(name: str, args: argparse.Namespace, cell_of, table, redo: bool) -> None:
+    """Every (model, temperature) cell of ``args`` into ``args.out``, one at a time and written after each (so an
+    interrupted bench goes on where it stopped): a cell already there for the same ``--per-level`` is kept unless
+    ``redo``; ``cell_of(model, temperature, episodes_path)`` makes one. Prints the table and one JSON line."""
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {"cells": {}}
-    cells, code = [], _code_version()  # as this process imported it
+    cells = []
     for model in args.models:
         for temperature in args.temperatures:
             key = f"{model}@{temperature}"
             cell = results["cells"].get(key)
-            if cell is None or cell["per_level"] != args.per_level or args.refigure:
-                name = f"{model.replace('/', '_')}@{temperature}.jsonl"
-                cell = run_cell(model, temperature, args.per_level, args.backend, args.wave,
-                                Path(args.episodes) / name, args.seed, code)
+            if cell is None or cell["per_level"] != args.per_level or redo:
+                episodes = Path(args.episodes) / f"{model.replace('/', '_')}@{temperature}.jsonl"
+                cell = cell_of(model, temperature, episodes)
                 results["cells"][key] = cell
                 write_results(out, results)
             cells.append(cell)
             print(table([cell]).splitlines()[-1], flush=True)
     print()
     print(table(cells))
-    print(json.dumps({"programs_baseline": {k: {"accuracy_per_level": [c["levels"][str(lv)]["accuracy"]
-                                                                       for lv in LEVELS], **c["all"],
-                                                 "tokens_per_s": c["tokens_per_s"]}
-                                             for k, c in results["cells"].items()}}))
-    return 0
-
+    print(json.dumps({name: {k: {"accuracy_per_level": [c["levels"][str(lv)]["accuracy"] for lv in LEVELS],
+                                 **c["all"], "tokens_per_s": c["tokens_per_s"]}
+                             for k, c in results["cells"].items()}}))
 
 if __name__ == "__main__":
     sys.exit(run_script(main))

@@ -89,33 +89,31 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
     elif origin is dict:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
+        value = _json_or_same(value)
         if isinstance(value, dict):
             return dict(value)
     elif origin is list:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
+        value = _json_or_same(value)
         if isinstance(value, (list, tuple)):
             (arg,) = typing.get_args(hint) or (Any,)
             return [v if arg is Any else _coerce(key, v, arg) for v in value]
     elif origin is tuple:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
+        value = _json_or_same(value)
         if isinstance(value, (list, tuple)):
             args = typing.get_args(hint)
             return tuple(_coerce(key, v, a) for v, a in zip(value, args)) if len(args) == len(value) else \
                 _fail(key, value, hint)
     return _fail(key, value, hint)
+
+
+def _json_or_same(value: Any) -> Any:
+    """A string read as JSON where it parses (``--set a=[1,2]`` gives a list), anything else as it is."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    return value
 
 
 def _fail(key: str, value: Any, hint: Any) -> Any:
