@@ -167,17 +167,33 @@ def _is_submit(source: str) -> bool:
     return source.lstrip().startswith("submit(")
 
 
+def _showed_value(source: str, output: list[str]) -> bool:
+    """Whether a statement other than ``submit(...)`` printed a value: output that is not a traceback, a syntax
+    error's report or the truncation marker."""
+    shown = [ln for ln in output if ln.strip() and not ln.startswith("[... output truncated")]
+    return bool(shown) and not _is_submit(source) and not shown[0].startswith(("Traceback", "  File"))
+
+
 def looked_then_coded(text: str) -> bool:
-    """Whether a statement other than ``submit(...)`` printed a value (output that is not a traceback, a syntax error's
-    report or the truncation marker) and a later statement other than ``submit(...)`` followed: the model looked at an
-    output, then wrote more code (it may or may not have used what it saw)."""
+    """Whether a statement printed a value (``_showed_value``) and a later statement other than ``submit(...)``
+    followed: the model looked at an output, then wrote more code (it may or may not have used what it saw)."""
     looked = False
     for source, output in statements(text):
         if looked and source.strip() and not _is_submit(source):
             return True
-        shown = [ln for ln in output if ln.strip() and not ln.startswith("[... output truncated")]
-        if shown and not _is_submit(source) and not shown[0].startswith(("Traceback", "  File")):
-            looked = True
+        looked = looked or _showed_value(source, output)
+    return False
+
+
+def looked_then_submitted(text: str) -> bool:
+    """Whether a statement printed a value (``_showed_value``) before the episode's first ``submit(...)``: the model
+    looked at something before it answered (on `explore`, reading the data then submitting an expression over it
+    counts here and not in ``looked_then_coded``)."""
+    looked = False
+    for source, output in statements(text):
+        if _is_submit(source):
+            return looked
+        looked = looked or _showed_value(source, output)
     return False
 
 
@@ -455,6 +471,11 @@ def arm_section(
             lambda v: fmt_pct([sum(map(looked_then_coded, (e["text"] for e in f))) / len(f) for f in finals(v) if f]),
         ),
         (
+            "looked at a value before submitting (share of episodes)",
+            lambda v: fmt_pct([sum(map(looked_then_submitted, (e["text"] for e in f))) / len(f)
+                               for f in finals(v) if f]),
+        ),
+        (
             "carried a printed value into a later line (share of episodes)",
             lambda v: fmt_pct([sum(map(used_output, (e["text"] for e in f))) / len(f) for f in finals(v) if f]),
         ),
@@ -613,6 +634,8 @@ PAGE_NOTES = f"""Definitions:
   at the same seed (for a control run: of the untrained model's).
 - Looked at a value, then wrote more code: a statement other than `submit(...)` printed something that is not a
   traceback, and a later statement other than `submit(...)` was typed (read from the episode's text).
+- Looked at a value before submitting: such a statement printed something before the episode's first `submit(...)`
+  (reading the data, then submitting an expression over it, counts here and not in the row above).
 - Carried a printed value into a later line: a statement typed a number (other than 0 and 1) or a quoted string
   that an earlier statement's output showed, and that neither the problem nor an earlier statement held (e.g.
   `submit(21)` after `21` was printed, a key read off a printed dict).

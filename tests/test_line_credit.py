@@ -153,20 +153,23 @@ def load_collector():
 def test_looked_then_coded_and_typed_lines_read_from_the_text() -> None:
     lc = load_collector()
     header = "Problem: what is 6?\n>>> total = sum(i for i in range(4))\n>>> submit(total)\n"  # the header's example
-    cases = {  # body: (looked, then coded; carried a printed value into a later line; typed lines)
-        LOOKED: (True, False, 4),
-        USED: (True, True, 4),
-        PLAIN: (False, False, 1),
-        ERROR: (False, False, 3),  # a traceback shows no value
-        LAST_LOOK: (False, False, 2),  # submit(4) after 4 showed, but the header's example holds a 4
-        ">>> 2 + 3\n5\n>>> submit(5)\n": (False, True, 2),
-        BLOCK: (True, False, 5),  # its output is 0 and 1 only
-        ">>> d\n{'a': 5, 'b': 7}\n>>> d['b']\n7\n": (True, True, 2),  # a key read off a printed dict
-        ">>> import sys\n>>> sys.version\n'3.11.7'\n>>> x = 6\n>>> submit(x)\n": (True, False, 4),  # 6: the problem's
+    cases = {  # body: (looked, then coded; looked before submitting; carried a printed value on; typed lines)
+        LOOKED: (True, True, False, 4),
+        USED: (True, True, True, 4),
+        PLAIN: (False, False, False, 1),
+        ERROR: (False, False, False, 3),  # a traceback shows no value
+        LAST_LOOK: (False, True, False, 2),  # submit(4) after 4 showed, but the header's example holds a 4
+        ">>> 2 + 3\n5\n>>> submit(5)\n": (False, True, True, 2),
+        BLOCK: (True, True, False, 5),  # its output is 0 and 1 only
+        ">>> d\n{'a': 5, 'b': 7}\n>>> d['b']\n7\n": (True, False, True, 2),  # a key read off a printed dict; no submit
+        # the 6 is the problem's
+        ">>> import sys\n>>> sys.version\n'3.11.7'\n>>> x = 6\n>>> submit(x)\n": (True, True, False, 4),
+        ">>> submit(2)\n>>> 2 + 2\n4\n>>> submit(4)\n": (False, False, False, 3),  # looked only after its first submit
     }
-    for body, (looked, used, lines) in cases.items():
+    for body, want in cases.items():
         text = header + BANNER + body
-        assert (lc.looked_then_coded(text), lc.used_output(text), lc.typed_lines(text)) == (looked, used, lines), body
+        got = (lc.looked_then_coded(text), lc.looked_then_submitted(text), lc.used_output(text), lc.typed_lines(text))
+        assert got == want, body
 
 
 def test_the_used_output_transcript_comes_from_any_seed_then_any_task_and_the_typical_one_from_the_first() -> None:
@@ -376,6 +379,9 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     # behaviour: the tree's correct episodes (5 of 8) looked at a value, then coded, each in 4 lines (USED)
     assert rows(arm1_text, "looked at a value, then wrote more code (share of episodes)") == [
         "| looked at a value, then wrote more code (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
+    ]
+    assert rows(arm1_text, "looked at a value before submitting (share of episodes)") == [
+        "| looked at a value before submitting (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
     ]
     assert rows(arm1_text, "carried a printed value into a later line (share of episodes)") == [
         "| carried a printed value into a later line (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
