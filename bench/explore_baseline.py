@@ -128,5 +128,6 @@ def main() -> int:
     run_cells("explore_baseline", args, cell_of, table, redo=args.saved_only)
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(run_script(main))

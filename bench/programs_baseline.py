@@ -229,5 +229,6 @@ def run_cells(name: str, args: argparse.Namespace, cell_of, table, redo: bool) -
                                  **c["all"], "tokens_per_s": c["tokens_per_s"]}
                              for k, c in results["cells"].items()}}))
 
+
 if __name__ == "__main__":
     sys.exit(run_script(main))
