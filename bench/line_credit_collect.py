@@ -465,19 +465,22 @@ def arm_section(
         bad = [str(s) for s, c in known if c]
         cells.append(f"{len(bad)} of {len(known)}" + (f" (seed {', '.join(bad)})" if bad else "") if known else "")
     lines.append("| collapsed runs | " + " | ".join(cells) + " |")
+    def episode_share(v: str, flag) -> str:
+        """The share of each run's final held-out episodes for which ``flag(text)`` holds, over the variant's runs."""
+        return fmt_pct([sum(flag(e["text"]) for e in f) / len(f) for f in finals(v) if f])
+
     rows_ = [
         (
             "looked at a value, then wrote more code (share of episodes)",
-            lambda v: fmt_pct([sum(map(looked_then_coded, (e["text"] for e in f))) / len(f) for f in finals(v) if f]),
+            lambda v: episode_share(v, looked_then_coded),
         ),
         (
             "looked at a value before submitting (share of episodes)",
-            lambda v: fmt_pct([sum(map(looked_then_submitted, (e["text"] for e in f))) / len(f)
-                               for f in finals(v) if f]),
+            lambda v: episode_share(v, looked_then_submitted),
         ),
         (
             "carried a printed value into a later line (share of episodes)",
-            lambda v: fmt_pct([sum(map(used_output, (e["text"] for e in f))) / len(f) for f in finals(v) if f]),
+            lambda v: episode_share(v, used_output),
         ),
         (
             "lines per correct episode",
@@ -813,6 +816,9 @@ def main(argv: list[str] | None = None) -> None:
         "--readme", type=Path, help="also put the headline table into this file (README.md), between its marker lines"
     )
     args = parser.parse_args(argv)
+    for flag, path in (("--control", args.control), ("--arm1", args.arm1), ("--arm2", args.arm2)):
+        if path is not None and not path.is_dir():  # else a page without those runs, written over the right one
+            parser.error(f"{flag} {path}: no such directory")
     from replrl.compare import compare
 
     for arm, sweep in (("arm1", args.arm1), ("arm2", args.arm2)):
@@ -821,7 +827,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{arm}: copied {len(copied)} finished runs from {sweep} to {args.out / arm}")
         if not any((args.out / arm).glob("*/seed*/metrics.jsonl")):
             continue  # no run of its own yet: nothing to compare
-        with_control = arm == "arm1" and args.control.is_dir()
+        with_control = arm == "arm1"
         paths = [args.control, args.out / arm] if with_control else [args.out / arm]
         baseline = CONTROL if with_control or (args.out / arm / CONTROL).is_dir() else None
         compare(paths, out=args.out / arm / "compare", baseline=baseline)

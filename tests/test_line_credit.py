@@ -260,7 +260,7 @@ def write_run(
     (run_dir / "sweep.json").write_text(json.dumps({"status": "done", "steps": 2, "episodes": 32, "wall_s": 30.0}))
 
 
-def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) -> None:
+def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Two seeds per variant, 4 problems per held-out set; the figures worked out by hand."""
     from replrl.sweep import plan
 
@@ -433,6 +433,13 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path) ->
     assert "`tree`: `Python 3.11.7 (main) on linux`, `Python 3.12.1 (main) on linux`" in arm2_text
     # made again from the committed records alone (no sweep directories): the same page; --readme puts the
     # headline table between a README's markers, the runs counted against the committed sweep specs
+    # a mistyped directory is a one-line error, and the page stays as it was
+    for flag in ("--control", "--arm1"):
+        with pytest.raises(SystemExit) as exit_:
+            lc.main([flag, str(tmp_path / "nowhere"), "--out", str(out), "--page", str(page)])
+        assert exit_.value.code == 2
+        assert f"{flag} {tmp_path / 'nowhere'}: no such directory" in capsys.readouterr().err
+        assert page.read_text() == text
     page.unlink()
     readme = tmp_path / "README.md"
     readme.write_text(f"# front\n\n{lc.README_BEGIN}\nold\n{lc.README_END}\n\n## next\n")
