@@ -306,6 +306,11 @@ class OptimConfig:
     """Recompute each decoder layer's activations in the backward pass instead of keeping them: the update's memory
     falls to about the weights and optimizer state, for about a third more update compute (TRL's option of the same
     name). For long transcripts or a larger micro_batch on a small machine."""
+    skip_empty_steps: bool = False
+    """Skip the optimizer step of a minibatch whose gradient, summed over ranks, is exactly zero (no group with a
+    contrast, no KL term): AdamW then neither decays the weights nor moves them by its momentum, and its step count
+    stays. Off: AdamW steps on the zero gradient, as TRL's trainer does. The LR schedule follows training steps
+    either way."""
 
     def __post_init__(self) -> None:
         check_positive("optim", self, "lr", "epochs", "minibatches", "micro_batch")

@@ -589,7 +589,7 @@ class Trainer:
             old = batch["old_logprobs"]
         ref = self._logprobs_no_grad(self.ref_model, batch, sampling) if self.ref_model is not None else None
         totals: dict[str, float] = {}
-        count = micros = skipped = 0
+        count = micros = skipped = empty = 0
         kl_term = ref is not None and bool(cfg.loss.kl_coef)
         gen = torch.Generator().manual_seed(cfg.run.seed + self.step)
         for _ in range(cfg.optim.epochs):
@@ -628,11 +628,15 @@ class Trainer:
                 self._sum_gradients_over_ranks(params)
                 norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
-                self.optimizer.step()
                 count += 1
+                if cfg.optim.skip_empty_steps and float(norm) == 0.0:  # the same norm on every rank (summed grads)
+                    empty += 1
+                    continue
+                self.optimizer.step()
         self.model.eval()
         out = {k: v / count for k, v in totals.items()}
-        out["optimizer_steps"] = count
+        out["optimizer_steps"] = count - empty
+        out["optimizer_steps_skipped"] = empty
         out["backward_skipped_frac"] = skipped / max(micros, 1)
         return out
 

@@ -3,6 +3,7 @@ checkpoint; resume continues at the next step; checkpoints survive kills and ful
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -314,6 +315,39 @@ def test_skipping_zero_gradient_backwards_leaves_the_update_unchanged(format_mod
         after = list(fast.model.parameters())
         assert all(torch.equal(a, b) for a, b in zip(after, full.model.parameters(), strict=True))
         assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))  # the step moved the weights
+
+
+def test_skip_empty_steps_leaves_weights_and_adamw_state_untouched_on_a_zero_gradient(format_model_dir, tmp_path):
+    """optim.skip_empty_steps: after a step with a signal (AdamW now has momentum), a batch with no advantage anywhere
+    leaves the weights and the optimizer's state bit-identical, where the default steps and moves them by momentum.
+    (The decision is the summed gradient's norm, so a KL term, a gradient, is stepped on.)"""
+    trajs: list = []
+    cfg = toy_config(format_model_dir, max_steps=1, save_every=0)
+    Trainer(cfg, tmp_path / "probe", progress=False).train(on_step=lambda r: trajs.extend(r.trajectories))
+    step = Trainer(cfg, tmp_path / "step", progress=False)
+    cfg = copy.deepcopy(cfg)
+    cfg.optim.skip_empty_steps = True
+    skip = Trainer(cfg, tmp_path / "skip", progress=False)
+    batch = batch_tensors(trajs, skip.pad_id)
+    signal = batch["loss_mask"] * torch.tensor([1, -1] * 4, dtype=torch.float)[:, None]
+    for t in (skip, step):
+        assert t.update(batch, signal)["optimizer_steps_skipped"] == 0
+    weights = [p.detach().clone() for p in skip.model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(step.model.parameters(), weights, strict=True))
+
+    def adam_state(t: Trainer) -> list[torch.Tensor]:
+        return [v.clone() for st in t.optimizer.state_dict()["state"].values() for v in st.values()]
+
+    adam = adam_state(skip)
+    assert adam
+    zero = torch.zeros_like(batch["loss_mask"])
+    stats_skip, stats_step = skip.update(batch, zero), step.update(batch, zero)
+    assert stats_step["optimizer_steps"] == 1 and stats_step["optimizer_steps_skipped"] == 0
+    assert stats_skip["grad_norm"] == 0.0
+    assert stats_skip["optimizer_steps"] == 0 and stats_skip["optimizer_steps_skipped"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(skip.model.parameters(), weights, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(adam_state(skip), adam, strict=True))  # step count, moments
+    assert any(not torch.equal(a, b) for a, b in zip(step.model.parameters(), weights, strict=True))  # momentum
 
 
 def test_a_run_ends_with_a_before_after_summary_and_curves(format_model_dir, tmp_path):
