@@ -42,12 +42,12 @@ for b in vllm; do
 done
 wait "$TESTS" "${GRPO[@]}"  # not a bare wait: the memory sampler runs until the end
 for b in vllm; do sed "s/^{/{\"backend\": \"$b\", /" /tmp/grpo-$b/metrics.jsonl; done > "$OUT/grpo_metrics.jsonl"
-# 2. weight sync, the 0.5B's architecture (random weights), fp32 as on the CPU: CUDA IPC, shared memory, RPC
-step sync 150 python3 bench/sync_weights.py --models qwen05b --model-dir qwen05b=/tmp/qwen05b-random --syncs 3 --eager
-# 3. REPL rollouts, vLLM against HF, bf16, batches 32 and 128 (the engine compiled, with CUDA graphs)
+# 2. REPL rollouts, vLLM against HF, bf16, batches 32 and 128 (the engine compiled, with CUDA graphs)
 step backends 240 python3 bench/backends.py --model /tmp/qwen05b-random --dtype bfloat16 --batches 32 128 \
   --data tests/data/gsm8k/test.jsonl
-# 4. the rollout loop's own host cost per row-line with generation taken out (does the host explain step 3's gap?)
+# 3. the rollout loop's own host cost per row-line with generation taken out (does the host explain step 2's gap?)
 step rollout_host 90 python3 bench/rollout_host.py --batches 32 128 --repeats 1
+# 4. weight sync (measured on the H200 already: last, in whatever time is left), the 0.5B's architecture (random weights), fp32 as on the CPU: CUDA IPC, shared memory, RPC
+step sync 150 python3 bench/sync_weights.py --models qwen05b --model-dir qwen05b=/tmp/qwen05b-random --syncs 3 --eager
 kill $SAMPLER 2>/dev/null
 echo "[$SECONDS s] done" | tee -a "$OUT/summary.log"
