@@ -336,6 +336,14 @@ def no_correct_share(run: RunRecords) -> float:
     return sum(a == 0 for a in steps) / len(steps) if steps else math.nan
 
 
+def no_gradient_share(run: RunRecords) -> float:
+    """The share of the run's training steps whose gradient was exactly zero (``grad_norm`` 0: no group had a
+    contrast, so every advantage was 0). AdamW still moves the weights on such a step, by its momentum from earlier
+    steps (docs/training.md, "A step with nothing to learn"). NaN where the run did not log ``grad_norm``."""
+    steps = step_values(run, "grad_norm")
+    return sum(g == 0 for g in steps) / len(steps) if steps else math.nan
+
+
 def leaves_per_group(run: RunRecords) -> float:
     """The mean over training steps of the episodes trained on per group (``episodes`` over
     ``rollout.problems_per_step``): group_size for flat groups; fewer for trees whose episodes ended before a branch
@@ -505,6 +513,10 @@ def arm_section(
             lambda v: fmt_pct([no_correct_share(r) for r in variants[v]]),
         ),
         (
+            "training steps with a zero gradient (no group with a contrast; AdamW moves on by momentum)",
+            lambda v: fmt_pct([no_gradient_share(r) for r in variants[v]]),
+        ),
+        (
             "episodes (leaves) per training group",
             lambda v: fmt_num([leaves_per_group(r) for r in variants[v]]),
         ),
@@ -648,6 +660,9 @@ PAGE_NOTES = f"""Definitions:
   prefix counted once), else `model_tokens_per_episode`, mean over training steps.
 - Training steps without a correct episode: with the outcome as the only reward, every group of such a step has
   all-zero advantages, so the step has nothing to learn from (training accuracy 0).
+- Training steps with a zero gradient: `grad_norm` exactly 0 (every group's leaves right or wrong together, or
+  no correct leaf). The optimizer still stepped (`optim.skip_empty_steps` was off), so the weights moved by AdamW's
+  momentum from earlier steps: a run with many such steps moved further than its signal steps alone would.
 - Episodes (leaves) per training group: `episodes` over the step's groups, mean over steps. A tree branches only
   where an episode is still running (after its 2nd and 4th statement here), so episodes that submit early leave
   it short of its 8 leaves (`tree/leaf_shortfall`).

@@ -300,6 +300,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path, ca
                 "model_tokens_per_episode": 90.0,
                 "accuracy": 0.5,
                 "groups_with_contrast": [1, 2],
+                "grad_norm": [0.0, 3.0],
                 "episodes": [16, 12],  # the second step's trees 4 leaves short
             },
         )
@@ -404,6 +405,9 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path, ca
     assert rows(arm1_text, "episodes (leaves) per training group") == [
         "| episodes (leaves) per training group | 8.0 [8.0, 8.0] | 7.0 [7.0, 7.0] |"
     ]
+    # a zero gradient: the tree's first step of two at both seeds; the control did not log grad_norm
+    label = "training steps with a zero gradient (no group with a contrast; AdamW moves on by momentum)"
+    assert rows(arm1_text, label) == [f"| {label} |  | 50.0% [50.0, 50.0] |"]
     assert rows(arm1_text, "training groups with a contrast (some leaves right, some wrong)") == [
         "| training groups with a contrast (some leaves right, some wrong) |  | 75.0% [75.0, 75.0] |"
     ]
