@@ -513,7 +513,7 @@ def arm_section(
             lambda v: fmt_pct([no_correct_share(r) for r in variants[v]]),
         ),
         (
-            "training steps with a zero gradient (no group with a contrast; AdamW moves on by momentum)",
+            "training steps with a zero gradient (no group with a contrast)",
             lambda v: fmt_pct([no_gradient_share(r) for r in variants[v]]),
         ),
         (
@@ -661,8 +661,9 @@ PAGE_NOTES = f"""Definitions:
 - Training steps without a correct episode: with the outcome as the only reward, every group of such a step has
   all-zero advantages, so the step has nothing to learn from (training accuracy 0).
 - Training steps with a zero gradient: `grad_norm` exactly 0 (every group's leaves right or wrong together, or
-  no correct leaf). The optimizer still stepped (`optim.skip_empty_steps` was off), so the weights moved by AdamW's
-  momentum from earlier steps: a run with many such steps moved further than its signal steps alone would.
+  no correct leaf). Unless `optim.skip_empty_steps` is on (it was off in every run here), the optimizer still
+  stepped, so the weights moved by AdamW's momentum from earlier steps: a run with many such steps moved further
+  than its signal steps alone would.
 - Episodes (leaves) per training group: `episodes` over the step's groups, mean over steps. A tree branches only
   where an episode is still running (after its 2nd and 4th statement here), so episodes that submit early leave
   it short of its 8 leaves (`tree/leaf_shortfall`).

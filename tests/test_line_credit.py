@@ -406,7 +406,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path, ca
         "| episodes (leaves) per training group | 8.0 [8.0, 8.0] | 7.0 [7.0, 7.0] |"
     ]
     # a zero gradient: the tree's first step of two at both seeds; the control did not log grad_norm
-    label = "training steps with a zero gradient (no group with a contrast; AdamW moves on by momentum)"
+    label = "training steps with a zero gradient (no group with a contrast)"
     assert rows(arm1_text, label) == [f"| {label} |  | 50.0% [50.0, 50.0] |"]
     assert rows(arm1_text, "training groups with a contrast (some leaves right, some wrong)") == [
         "| training groups with a contrast (some leaves right, some wrong) |  | 75.0% [75.0, 75.0] |"
