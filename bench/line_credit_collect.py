@@ -556,6 +556,22 @@ def arm_section(
     lines.append("| wall-clock per step / the control's | " + " | ".join(cells) + " |")
     lines.append("| device | " + " | ".join(", ".join(sorted({device(r) for r in variants[v]})) for v in names) + " |")
     lines.append("")
+    if before_main:  # the same held-out measures on the untrained model: did training change how it works?
+        lines += [
+            f"The untrained model on the same held-out `{main_task}` problems (the \"before\" evaluation, one per "
+            "seed), beside the control after training, mean over seeds [95% t-interval]:",
+            "",
+            "| measure | before | `outcome_only` (control), after |",
+            "|---|---|---|",
+        ]
+        for label, flag in (
+            ("looked at a value, then wrote more code (share of episodes)", looked_then_coded),
+            ("looked at a value before submitting (share of episodes)", looked_then_submitted),
+            ("carried a printed value into a later line (share of episodes)", used_output),
+        ):
+            before = fmt_pct([sum(flag(e["text"]) for e in f) / len(f) for f in before_main.values() if f])
+            lines.append(f"| {label} | {before} | {episode_share(CONTROL, flag)} |")
+        lines.append("")
     # 4. per run
     head = ["variant", "seed", "steps", "steps without a correct episode", f"{main_task} accuracy", "collapsed",
             "lines/episode", "device", "run"]

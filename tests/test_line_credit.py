@@ -310,7 +310,7 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path, ca
             tmp_path / "s2" / "outcome_only" / f"seed{s}",
             cfg2[("outcome_only", s)],
             {
-                ("eval", 0): eps(before),
+                ("eval", 0): eps(before, "mixed"),  # seed 1's one correct untrained episode looked, then coded
                 ("eval_programs", 0): eps("0000"),
                 ("transfer", 0): eps("00"),
                 ("eval", 12): eps(after),
@@ -378,15 +378,15 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path, ca
     # GSM8K: control 1 of 2 at both seeds, tree 2 of 2: +50 at both; the problems are 1 (+1) and 0 (+0)
     assert rows(arm1_text, "GSM8K")[1] == "| GSM8K | +50.0 [+50.0, +50.0] (2); problems [+0.0, +100.0] |"
     # behaviour: the tree's correct episodes (5 of 8) looked at a value, then coded, each in 4 lines (USED)
-    assert rows(arm1_text, "looked at a value, then wrote more code (share of episodes)") == [
+    assert rows(arm1_text, "looked at a value, then wrote more code (share of episodes)")[0] == (
         "| looked at a value, then wrote more code (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
-    ]
-    assert rows(arm1_text, "looked at a value before submitting (share of episodes)") == [
+    )
+    assert rows(arm1_text, "looked at a value before submitting (share of episodes)")[0] == (
         "| looked at a value before submitting (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
-    ]
-    assert rows(arm1_text, "carried a printed value into a later line (share of episodes)") == [
+    )
+    assert rows(arm1_text, "carried a printed value into a later line (share of episodes)")[0] == (
         "| carried a printed value into a later line (share of episodes) | 0.0% [0.0, 0.0] | 62.5% [0.0, 100.0] |"
-    ]
+    )
     assert rows(arm1_text, "lines per correct episode")[0].endswith("| 1.0 [1.0, 1.0] | 4.0 [4.0, 4.0] |")
     # lines per episode: tree seed 0 (4 + 4 + 1 + 1) / 4 = 2.5, seed 1 (4 * 3 + 1) / 4 = 3.25: the interval clipped
     assert rows(arm1_text, "lines per episode")[0].endswith("| 1.0 [1.0, 1.0] | 2.9 [0.0, 7.6] |")
@@ -416,6 +416,14 @@ def test_the_collector_writes_the_page_from_a_sweep_directory(tmp_path: Path, ca
     assert rows(arm1_text, "wall-clock per step / the control's") == [
         "| wall-clock per step / the control's |  | 1.00x (machine not recorded) |"
     ]
+    # the untrained model's behaviour beside the trained control's: arm 1's untrained episodes all PLAIN
+    assert rows(arm1_text, "looked at a value, then wrote more code (share of episodes)")[1] == (
+        "| looked at a value, then wrote more code (share of episodes) | 0.0% [0.0, 0.0] | 0.0% [0.0, 0.0] |"
+    )
+    # arm 2: 0 of 4 at seed 0, 1 of 4 (USED) at seed 1; the trained control's episodes all PLAIN
+    assert rows(arm2_text, "carried a printed value into a later line (share of episodes)")[1] == (
+        "| carried a printed value into a later line (share of episodes) | 12.5% [0.0, 100.0] | 0.0% [0.0, 0.0] |"
+    )
     # arm 2: explore first; the tree collapsed at seed 1 (0% against its control's 50%)
     assert arm2_text.index("| explore, all levels |") < arm2_text.index("| programs, all levels |")
     assert rows(arm2_text, "collapsed runs") == ["| collapsed runs | 0 of 2 | 1 of 2 (seed 1) |"]
