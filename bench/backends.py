@@ -31,6 +31,12 @@ start (and the first weight copy) is timed apart, not in any of these. Needs vll
 environment of .ci/vllm_env.sh, e.g. ``.venv-vllm/bin/python bench/backends.py``).
 
     python bench/backends.py [--model smollm2-135m-instruct] [--batches 8 32] [--tokens 96]
+
+``--engine-arg KEY=VALUE`` (repeatable; VALUE is JSON where it parses, else a string) goes to vLLM's engine
+arguments as it is, for side-by-side runs of the per-line split under other engine settings, e.g. on a GPU
+``--engine-arg 'compilation_config={"cudagraph_mode": "PIECEWISE"}'`` (plain generation on the piecewise CUDA
+graphs that steps mixing prefill and decoding use) or ``--engine-arg async_scheduling=true``. The JSON line
+records them (``vllm_engine_args``).
 """
 
 from __future__ import annotations
@@ -134,6 +140,17 @@ def cold(gen: Any) -> None:
         raise RuntimeError("vLLM could not reset its prefix cache")
 
 
+def engine_arg(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (key, value): VALUE as JSON where it parses (true, 0.5, {...}), else the string itself."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -143,7 +160,10 @@ def main() -> None:
     ap.add_argument("--line-tokens", type=int, default=24)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the model's (bfloat16 on a GPU, as users run it; vLLM then uses FlashAttention)")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
+                    help="a vLLM engine argument, VALUE as JSON where it parses (repeatable)")
     args = ap.parse_args()
+    engine_args = dict(args.engine_arg)
     Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     if GEN_THREADS:
         torch.set_num_threads(GEN_THREADS)  # model.generate gets the thread count HF's REPL rollouts run with
@@ -152,7 +172,8 @@ def main() -> None:
     rows = load_task("gsm8k", data=args.data).rows("test")
     sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
     t0 = time.perf_counter()
-    gens = {"vllm": load_generator("vllm", model, tokenizer), "hf": load_generator("hf", model, tokenizer)}
+    gens = {"vllm": load_generator("vllm", model, tokenizer, engine_args=engine_args or None),
+            "hf": load_generator("hf", model, tokenizer)}
     vllm_start = time.perf_counter() - t0
     sync_s = gens["vllm"].last_sync_s
     print(f"vLLM engine start {vllm_start:.1f} s, of which the weight copy (sync_weights) {sync_s:.1f} s")
@@ -240,7 +261,8 @@ def main() -> None:
                       "vllm_repl_vs_same_tokens_ratio": first["vllm_repl_vs_same_tokens_ratio"],
                       "vllm_same_tokens_vs_plain_ratio": first["vllm_same_tokens_vs_plain_ratio"],
                       "vllm_engine_start_s": round(vllm_start, 1),
-                      "vllm_sync_weights_s": round(sync_s, 2), "batches": per_batch}))
+                      "vllm_sync_weights_s": round(sync_s, 2), "vllm_engine_args": engine_args,
+                      "batches": per_batch}))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,12 @@ step backends 240 python3 bench/backends.py --model /tmp/qwen05b-random --dtype 
   --data tests/data/gsm8k/test.jsonl
 # 3. the rollout loop's own host cost per row-line with generation taken out (does the host explain step 2's gap?)
 step rollout_host 90 python3 bench/rollout_host.py --batches 32 128 --repeats 1
-# 4. weight sync, the 0.5B's architecture (random weights), fp32 as on the CPU: CUDA IPC, shared memory, RPC
+# 4. why the engine's steps slow down under the loop (docs/gpu.md, H100): the per-line split at batch 32 with plain
+#    generation on the piecewise CUDA graphs that mixed prefill-decode steps use, and vLLM's own step statistics
+step backends_piecewise 150 python3 bench/backends.py --model /tmp/qwen05b-random --dtype bfloat16 --batches 32 \
+  --data tests/data/gsm8k/test.jsonl --engine-arg 'compilation_config={"cudagraph_mode": "PIECEWISE"}' \
+  --engine-arg disable_log_stats=false
+# 5. weight sync, the 0.5B's architecture (random weights), fp32 as on the CPU: CUDA IPC, shared memory, RPC
 #    (measured on the H200 and the H100 already: last, in whatever time is left)
 step sync 150 python3 bench/sync_weights.py --models qwen05b --model-dir qwen05b=/tmp/qwen05b-random --syncs 3 --eager
 kill $SAMPLER 2>/dev/null
