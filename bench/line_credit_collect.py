@@ -221,6 +221,14 @@ def used_output(text: str) -> bool:
 
 
 # -- the page's figures --------------------------------------------------------------------------------------------
+EPISODE_MEASURES = (
+    ("looked at a value, then wrote more code (share of episodes)", looked_then_coded),
+    ("looked at a value before submitting (share of episodes)", looked_then_submitted),
+    ("carried a printed value into a later line (share of episodes)", used_output),
+)
+"""The held-out behaviour measures read from an episode's text: (label, predicate)."""
+
+
 def problem_levels(task: str, cfg: Config) -> dict[int, int]:
     """{row: level} of a generated task's test split (programs, explore); {} for a task without levels."""
     if task not in ("programs", "explore"):
@@ -330,18 +338,13 @@ def step_values(run: RunRecords, key: str) -> list[float]:
     return [row[key] for row in run.rows if "episodes" in row and key in row]
 
 
-def no_correct_share(run: RunRecords) -> float:
-    """The share of the run's training steps in which no episode was correct (NaN: no training step logged)."""
-    steps = step_values(run, "accuracy")
-    return sum(a == 0 for a in steps) / len(steps) if steps else math.nan
-
-
-def no_gradient_share(run: RunRecords) -> float:
-    """The share of the run's training steps whose gradient was exactly zero (``grad_norm`` 0: no group had a
-    contrast, so every advantage was 0). AdamW still moves the weights on such a step, by its momentum from earlier
-    steps (docs/training.md, "A step with nothing to learn"). NaN where the run did not log ``grad_norm``."""
-    steps = step_values(run, "grad_norm")
-    return sum(g == 0 for g in steps) / len(steps) if steps else math.nan
+def zero_share(run: RunRecords, key: str) -> float:
+    """The share of the run's training steps whose ``key`` was exactly 0 (NaN: the run did not log it).
+    ``accuracy`` 0: no episode was correct. ``grad_norm`` 0: no group had a contrast, so every advantage was 0;
+    AdamW still moves the weights on such a step, by its momentum from earlier steps (docs/training.md, "A step
+    with nothing to learn")."""
+    steps = step_values(run, key)
+    return sum(x == 0 for x in steps) / len(steps) if steps else math.nan
 
 
 def leaves_per_group(run: RunRecords) -> float:
@@ -473,23 +476,12 @@ def arm_section(
         bad = [str(s) for s, c in known if c]
         cells.append(f"{len(bad)} of {len(known)}" + (f" (seed {', '.join(bad)})" if bad else "") if known else "")
     lines.append("| collapsed runs | " + " | ".join(cells) + " |")
-    def episode_share(v: str, flag) -> str:
-        """The share of each run's final held-out episodes for which ``flag(text)`` holds, over the variant's runs."""
-        return fmt_pct([sum(flag(e["text"]) for e in f) / len(f) for f in finals(v) if f])
+    def episode_share(evaluations: list[list[dict]], flag) -> str:
+        """The share of each evaluation's episodes for which ``flag(text)`` holds, over the evaluations (runs)."""
+        return fmt_pct([sum(flag(e["text"]) for e in f) / len(f) for f in evaluations if f])
 
     rows_ = [
-        (
-            "looked at a value, then wrote more code (share of episodes)",
-            lambda v: episode_share(v, looked_then_coded),
-        ),
-        (
-            "looked at a value before submitting (share of episodes)",
-            lambda v: episode_share(v, looked_then_submitted),
-        ),
-        (
-            "carried a printed value into a later line (share of episodes)",
-            lambda v: episode_share(v, used_output),
-        ),
+        *((label, lambda v, flag=flag: episode_share(finals(v), flag)) for label, flag in EPISODE_MEASURES),
         (
             "lines per correct episode",
             lambda v: fmt_num(
@@ -510,11 +502,11 @@ def arm_section(
         ),
         (
             "training steps without a correct episode (nothing to learn from)",
-            lambda v: fmt_pct([no_correct_share(r) for r in variants[v]]),
+            lambda v: fmt_pct([zero_share(r, "accuracy") for r in variants[v]]),
         ),
         (
             "training steps with a zero gradient (no group with a contrast)",
-            lambda v: fmt_pct([no_gradient_share(r) for r in variants[v]]),
+            lambda v: fmt_pct([zero_share(r, "grad_norm") for r in variants[v]]),
         ),
         (
             "episodes (leaves) per training group",
@@ -564,13 +556,9 @@ def arm_section(
             "| measure | before | `outcome_only` (control), after |",
             "|---|---|---|",
         ]
-        for label, flag in (
-            ("looked at a value, then wrote more code (share of episodes)", looked_then_coded),
-            ("looked at a value before submitting (share of episodes)", looked_then_submitted),
-            ("carried a printed value into a later line (share of episodes)", used_output),
-        ):
-            before = fmt_pct([sum(flag(e["text"]) for e in f) / len(f) for f in before_main.values() if f])
-            lines.append(f"| {label} | {before} | {episode_share(CONTROL, flag)} |")
+        for label, flag in EPISODE_MEASURES:
+            before = episode_share(list(before_main.values()), flag)
+            lines.append(f"| {label} | {before} | {episode_share(finals(CONTROL), flag)} |")
         lines.append("")
     # 4. per run
     head = ["variant", "seed", "steps", "steps without a correct episode", f"{main_task} accuracy", "collapsed",
