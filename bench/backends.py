@@ -50,10 +50,13 @@ import time
 from typing import Any
 
 import torch
-from repl_tax import plain_generate  # bench/, next to this script: model.generate of N new tokens per row
+from cpu_groups import CpuGroups  # bench/, next to this script: CPU seconds of host, kernels and engine
+from proxy_model import proxy_dir  # the CPU proxy: Qwen2.5's tokenizer over a 2-layer random model
+from repl_tax import plain_generate  # model.generate of N new tokens per row
 
 from replrl.backends import load_generator
 from replrl.backends.hf import GEN_THREADS
+from replrl.backends.sampling import token_masks
 from replrl.cli import run_script
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
@@ -72,6 +75,7 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
     session = gen.session(prompts, sampling)
     totals = {"model": 0, "env": 0, "lines": 0, "wait_line_s": 0.0, "exec_s": 0.0}
     env_ids: list[list[int]] = [[] for _ in prompts]
+    boots, meter = pool.boots_while_busy, CpuGroups()
     t0 = time.perf_counter()
 
     async def episode(i: int) -> None:
@@ -97,25 +101,47 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
 
     await asyncio.gather(*(episode(i) for i in range(len(prompts))))
     wall = time.perf_counter() - t0
+    cpu = meter.read()
     await session.aclose()
-    return {"wall": wall, **totals, "env_ids": env_ids, "stats": dict(getattr(session, "stats", {})),
+    return {"wall": wall, **totals, "env_ids": env_ids, "cpu": cpu, "boots": pool.boots_while_busy - boots,
+            "stats": dict(getattr(session, "stats", {})),
             "timing": dict(getattr(session, "timing", {}))}
 
 
-def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int) -> float:
+PLAIN_COSTS = ("line_rule", "delta", "stop_ids")
+"""Per-step costs the line loop's requests carry and plain generation's do not, each addable to plain generation:
+the line rule's logits processor (the request opts in), per-token outputs (``RequestOutputKind.DELTA``: an output
+object per row per step, and a wake-up of the row's coroutine), and a list of stop ids as long as the real one
+(vLLM checks ``token in stop_token_ids`` for every row every step) made of ids the line rule bans, so no request
+stops early (needs ``line_rule``)."""
+
+
+def vllm_plain(gen: Any, prompts: list[list[int]], new_tokens: int, costs: tuple[str, ...] = (),
+               banned: list[int] | None = None) -> float:
     """One vLLM request per row, exactly ``new_tokens`` new tokens (no stop, EOS ignored), all at once, from a cold
-    prefix cache (as the REPL rollouts start, and as ``model.generate`` does: every prompt is prefilled)."""
+    prefix cache (as the REPL rollouts start, and as ``model.generate`` does: every prompt is prefilled).
+    ``costs``: the per-step costs of ``PLAIN_COSTS`` to add (``banned``: the ids the line rule bans anywhere)."""
     import vllm
     from vllm.sampling_params import RequestOutputKind
 
+    from replrl.backends.vllm import LINE_RULE_KEY
+
+    stop: list[int] = []
+    if "stop_ids" in costs:
+        assert "line_rule" in costs and banned, "the stand-in stop ids are never sampled only under the line rule"
+        stop = [banned[i % len(banned)] for i in range(len(gen.stop_ids))]
     params = vllm.SamplingParams(temperature=1.0, max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True,
-                                 seed=0, logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+                                 seed=0, logprobs=0, detokenize=False, stop_token_ids=stop or None,
+                                 output_kind=RequestOutputKind.DELTA if "delta" in costs else
+                                 RequestOutputKind.FINAL_ONLY,
+                                 extra_args={LINE_RULE_KEY: True} if "line_rule" in costs else None)
 
     async def one(i: int, ids: list[int]) -> int:
+        n = 0
         async for out in gen.engine.generate(vllm.TokensPrompt(prompt_token_ids=ids), params,
                                              request_id=f"plain-{time.monotonic_ns()}-{i}"):
-            final = out
-        return len(final.outputs[0].token_ids)
+            n += len(out.outputs[0].token_ids)
+        return n
 
     async def run() -> list[int]:
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -132,6 +158,18 @@ def plain_run(name: str, gen: Any, model: Any, tokenizer: Any, prompts: list[lis
     if name == "vllm":
         return vllm_plain(gen, prompts, new_tokens)
     return plain_generate(model, tokenizer, prompts, new_tokens)
+
+
+def steps_so_far(gen: Any) -> int:
+    """How many engine steps vLLM's step log holds (0 for HF)."""
+    log = getattr(gen, "step_log", None)
+    return len(log.steps) if log is not None else 0
+
+
+def steps_since(gen: Any, since: int) -> dict[str, Any]:
+    """vLLM's figures of the engine steps since ``since`` (``StepLog.summary``); {} for HF."""
+    log = getattr(gen, "step_log", None)
+    return log.summary(since) if log is not None else {}
 
 
 def cold(gen: Any) -> None:
@@ -153,13 +191,18 @@ def engine_arg(text: str) -> tuple[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="a model spec, or `proxy`: the CPU proxy (bench/proxy_model.py: Qwen2.5's tokenizer, "
+                         "2 layers)")
     ap.add_argument("--data", default=DATA, help="GSM8K: hub id, directory or .jsonl file ($REPLRL_GSM8K)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--tokens", type=int, default=96, help="model tokens each episode samples")
     ap.add_argument("--line-tokens", type=int, default=24)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the model's (bfloat16 on a GPU, as users run it; vLLM then uses FlashAttention)")
+    ap.add_argument("--refill", nargs="+", default=["idle", "eager"], choices=["idle", "eager"],
+                    help="the kernel pool's refill modes to time side by side (the first gives the main figures; "
+                         "eager: a kernel boots behind each one taken, as before issue 48)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
                     help="a vLLM engine argument, VALUE as JSON where it parses (repeatable)")
     args = ap.parse_args()
@@ -167,18 +210,21 @@ def main() -> None:
     Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     if GEN_THREADS:
         torch.set_num_threads(GEN_THREADS)  # model.generate gets the thread count HF's REPL rollouts run with
-    model, tokenizer = load_model_and_tokenizer(args.model, dtype=getattr(torch, args.dtype))
+    spec = str(proxy_dir()) if args.model == "proxy" else args.model
+    model, tokenizer = load_model_and_tokenizer(spec, dtype=getattr(torch, args.dtype))
     model.eval()
     rows = load_task("gsm8k", data=args.data).rows("test")
     sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
     t0 = time.perf_counter()
-    gens = {"vllm": load_generator("vllm", model, tokenizer, engine_args=engine_args or None),
+    gens = {"vllm": load_generator("vllm", model, tokenizer, engine_args=engine_args or None, step_stats=True),
             "hf": load_generator("hf", model, tokenizer)}
     vllm_start = time.perf_counter() - t0
     sync_s = gens["vllm"].last_sync_s
     print(f"vLLM engine start {vllm_start:.1f} s, of which the weight copy (sync_weights) {sync_s:.1f} s")
 
-    per_batch: dict[int, dict[str, float]] = {}
+    banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0]).anywhere.nonzero()
+    banned = banned.squeeze(1).tolist()
+    per_batch: dict[int, dict[str, Any]] = {}
     pool = run_sync(KernelPool(size=max(args.batches), limits=Limits(wall_s=2.0), tools=["submit"]).start())
     try:
         for b in args.batches:
@@ -188,12 +234,29 @@ def main() -> None:
             for name, gen in gens.items():
                 # untimed warm-up at this batch size: a GPU engine's first steps of a shape compile or tune kernels
                 run_sync(repl_rollouts(gen, pool, prompts, min(args.tokens, 16), sampling))
-                cold(gen)
-                run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
+                for mode in reversed(args.refill):  # the first mode's run last: its figures are the main ones
+                    pool.refill = mode
+                    run_sync(pool.wait_full(600))  # every timed run starts from a full pool (the trainer's update
+                    cold(gen)                      # gives the refill its time between rollouts)
+                    since = steps_so_far(gen)
+                    run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
+                    run["steps"] = steps_since(gen, since)
+                    if mode != args.refill[0]:  # the other mode: its wall, CPU and ratio beside the main figures
+                        same = (vllm_plain(gen, [p + e for p, e in zip(prompts, run["env_ids"], strict=True)],
+                                           round(run["model"] / b)) if name == "vllm" else None)
+                        fig |= {f"{name}_repl_s_refill_{mode}": round(run["wall"], 3),
+                                f"{name}_boots_in_rollout_refill_{mode}": run["boots"],
+                                **{f"{name}_cpu_{k}_s_refill_{mode}": v for k, v in run["cpu"].items()}}
+                        if same is not None:
+                            fig[f"vllm_repl_vs_same_tokens_ratio_refill_{mode}"] = round(run["wall"] / same, 3)
+                fig |= {f"{name}_boots_in_rollout": run["boots"],
+                        **{f"{name}_cpu_{k}_s": v for k, v in run["cpu"].items()}}
                 per_row = run["model"] / b
 
                 plain_run(name, gen, model, tokenizer, prompts, 8)  # untimed, as above: the plain run's shapes too
+                since = steps_so_far(gen)
                 plain = plain_run(name, gen, model, tokenizer, prompts, round(per_row))
+                plain_steps = steps_since(gen, since)
                 fig |= {f"{name}_repl_s": round(run["wall"], 3), f"{name}_plain_s": round(plain, 3),
                         f"{name}_model_tokens_per_row": round(per_row, 1),
                         f"{name}_env_tokens_per_row": round(run["env"] / b, 1),
@@ -218,6 +281,13 @@ def main() -> None:
                     # prompt (prefilled at once), then plain generation of the same model tokens
                     same = vllm_plain(gen, [p + e for p, e in zip(prompts, run["env_ids"], strict=True)],
                                       round(per_row))
+                    # vLLM's own step statistics: the loop's steps beside plain generation's
+                    fig |= {"vllm_steps_repl": run["steps"], "vllm_steps_plain": plain_steps}
+                    # plain generation with each per-step cost of the loop's requests added in turn: each its price
+                    for k in range(1, len(PLAIN_COSTS) + 1):
+                        costs = PLAIN_COSTS[:k]
+                        t = vllm_plain(gen, prompts, round(per_row), costs, banned)
+                        fig[f"vllm_plain_with_{'+'.join(costs)}_ratio"] = round(t / plain, 3)
                     fig |= {"vllm_same_tokens_plain_s": round(same, 3),
                             "vllm_repl_vs_same_tokens_ratio": round(run["wall"] / same, 3),
                             "vllm_same_tokens_vs_plain_ratio": round(same / plain, 3)}
@@ -236,6 +306,13 @@ def main() -> None:
                       f"plain {f['plain_s']:7.2f} s ({f['plain_tokens_per_s']:6.1f} tok/s)   "
                       f"ratio {f['repl_vs_plain_ratio']:.2f}x   per line ({f['lines_per_row']:.1f} a row): waiting "
                       f"for it {f['wait_line_ms']:.0f} ms, running it {f['exec_ms']:.0f} ms")
+                print(f"        CPU s: host {f['cpu_host_s']:.1f}, kernels {f['cpu_kernels_s']:.1f}, engine "
+                      f"{f['cpu_engine_s']:.1f}; kernels booted during the rollout: {f['boots_in_rollout']}")
+                for mode in args.refill[1:]:
+                    print(f"        pool refill {mode}: REPL rollouts {f[f'repl_s_refill_{mode}']:.2f} s, CPU s: host "
+                          f"{f[f'cpu_host_s_refill_{mode}']:.1f}, kernels {f[f'cpu_kernels_s_refill_{mode}']:.1f}, "
+                          f"engine {f[f'cpu_engine_s_refill_{mode}']:.1f}; kernels booted during the rollout: "
+                          f"{f[f'boots_in_rollout_refill_{mode}']}")
             print(f"  vLLM vs HF rollout speedup {fig['vllm_vs_hf_rollout_speedup']:.2f}x, per token read or written "
                   f"{fig['vllm_vs_hf_speedup_per_token']:.2f}x (interpreter tokens per row: vLLM "
                   f"{fig['vllm_env_tokens_per_row']:.0f}, HF {fig['hf_env_tokens_per_row']:.0f}; context reused by "
@@ -243,10 +320,22 @@ def main() -> None:
             print(f"  vLLM per line: first token {fig['vllm_first_token_ms']:.0f} ms after its input, then a token "
                   f"every {fig['vllm_line_step_ms']:.1f} ms (plain generation: {fig['vllm_plain_step_ms']:.1f} ms a "
                   f"step); {fig['vllm_between_lines_ms']:.0f} ms from a line out of the engine to the next input")
+            rs, ps = fig["vllm_steps_repl"], fig["vllm_steps_plain"]
+            if rs.get("steps") and ps.get("steps"):
+                print(f"  vLLM's steps: REPL {rs['steps']} (mixed prefill+decode {rs['mixed_share']:.0%}; engine ms a "
+                      f"step: decode {rs['decode_step_ms']}, mixed {rs['mixed_step_ms']}; {rs['interval_ms']} ms "
+                      f"apart, {rs['outside_engine_ms']} ms of it outside the engine's step; "
+                      f"{rs['gen_rows_per_step']} decoding rows a step); plain {ps['steps']} (decode "
+                      f"{ps['decode_step_ms']} ms, {ps['interval_ms']} ms apart, {ps['gen_rows_per_step']} rows)")
+            print("  vLLM plain generation with the loop's per-step costs added: " + ", ".join(
+                f"+{'+'.join(PLAIN_COSTS[:k])} {fig['vllm_plain_with_' + '+'.join(PLAIN_COSTS[:k]) + '_ratio']:.3f}x"
+                for k in range(1, len(PLAIN_COSTS) + 1)))
             print(f"  vLLM, the same tokens without the loop (interpreter tokens prefilled with the prompt) "
                   f"{fig['vllm_same_tokens_plain_s']:.2f} s: REPL / that "
                   f"{fig['vllm_repl_vs_same_tokens_ratio']:.2f}x, that / plain "
-                  f"{fig['vllm_same_tokens_vs_plain_ratio']:.2f}x")
+                  f"{fig['vllm_same_tokens_vs_plain_ratio']:.2f}x" + "".join(
+                      f"; pool refill {m}: {fig[f'vllm_repl_vs_same_tokens_ratio_refill_{m}']:.2f}x"
+                      for m in args.refill[1:]))
     finally:
         run_sync(pool.close())
     for gen in gens.values():
@@ -260,6 +349,9 @@ def main() -> None:
                       "hf_repl_vs_plain_ratio": first["hf_repl_vs_plain_ratio"],
                       "vllm_repl_vs_same_tokens_ratio": first["vllm_repl_vs_same_tokens_ratio"],
                       "vllm_same_tokens_vs_plain_ratio": first["vllm_same_tokens_vs_plain_ratio"],
+                      "ratios_by_batch": {b: {k: v for k, v in f.items() if k.startswith((
+                          "vllm_repl_vs_same_tokens_ratio", "hf_repl_vs_plain_ratio", "vllm_vs_hf_rollout_speedup",
+                          "vllm_first_token_ms"))} for b, f in per_batch.items()},
                       "vllm_engine_start_s": round(vllm_start, 1),
                       "vllm_sync_weights_s": round(sync_s, 2), "vllm_engine_args": engine_args,
                       "batches": per_batch}))

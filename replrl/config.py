@@ -120,6 +120,10 @@ class RolloutConfig:
     """Sandbox isolation: auto, bwrap, unshare or rlimits (see sandbox.Limits)."""
     memory_mb: int = 2048
     """Address-space limit of each kernel."""
+    kernel_refill: str = "idle"
+    """When the kernel pool starts the fresh kernels that replace used ones: idle (once no episode runs, i.e. during
+    the update, at a lower priority: no rollout shares the CPU with kernels booting) or eager (as soon as one is
+    taken, beside the rollout, as replrl did before; bench/backends.py --refill compares the two)."""
     seed: int = 0
     """Seed of the sampler's random generator."""
     dynamic_sampling: bool = False
@@ -151,6 +155,7 @@ class RolloutConfig:
         if not 0 < self.top_p <= 1:
             raise ConfigError("rollout.top_p must be in (0, 1]")
         check_choice("rollout.isolation", self.isolation, ("auto", "bwrap", "unshare", "rlimits"))
+        check_choice("rollout.kernel_refill", self.kernel_refill, ("idle", "eager"))
         if self.dynamic_sampling_extra_waves < 0:
             raise ConfigError("rollout.dynamic_sampling_extra_waves must be >= 0")
         if self.dynamic_sampling_probe and not self.dynamic_sampling:

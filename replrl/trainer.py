@@ -298,7 +298,7 @@ class Trainer:
         local_problems = self._local_problems()
         limits = dataclasses.replace(cfg.rollout.limits(), uid_base=70000 + 20000 * self.rank)  # own uids per rank
         pool = run_sync(KernelPool(size=cfg.rollout.group_size * local_problems, limits=limits,
-                                   tools=self.task.tools).start())
+                                   tools=self.task.tools, refill=cfg.rollout.kernel_refill).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
             if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
@@ -434,6 +434,7 @@ class Trainer:
         cfg, t_step = self.cfg, time.perf_counter()
         rewards = self.rewards.at(self.step)  # scheduled weights: those of this step
         self.model.eval()  # the policy samples in eval mode, without gradients
+        boots = pool.boots_while_busy
         if cfg.rollout.dynamic_sampling:  # 1-2 in waves, until the step holds enough groups with a contrast
             trajs, groups, stats, wave_stats = self._rollout_waves(pool, rewards)
         else:
@@ -449,12 +450,14 @@ class Trainer:
             mine = {k: v for k, v in stats.extra.items() if k.startswith("tree/")}
             stats.extra.update(merge_tree_figures(gather_object([(mine, int(mine.get("tree/leaves", 0)))])))
         t_rollout = time.perf_counter() - t_step
+        boots = pool.boots_while_busy - boots  # kernels that booted beside the rollout (idle refill: only when short)
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
         # (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's on the stream)
         metrics = summarize(every_rank, stats)
         metrics["groups_with_contrast"] = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
                                               for g in groups)
         metrics.update(wave_stats)
+        metrics["pool/boots_in_rollout"] = boots
         metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
         # 4. advantages (the estimator takes the options of cfg.advantages it declares)
         batch = batch_tensors(trajs, self.pad_id)

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -42,9 +43,11 @@ START_TIMEOUT_S = 60.0
 class KernelProcess:
     """One live kernel process and its sockets. Replaced wholesale when it dies."""
 
-    def __init__(self, limits: Limits, level: str):
+    def __init__(self, limits: Limits, level: str, nice: int = 0):
         self.limits = limits
         self.level = level
+        self.nice = nice
+        """Scheduling niceness the kernel boots at (see ``renice``)."""
         self.kdir, self._kdir_lock = make_kernel_dir()
         self.dead = asyncio.get_running_loop().create_future()
         self.pending: dict[str, asyncio.Future] = {}
@@ -78,7 +81,8 @@ class KernelProcess:
                 os.chown(path, spec.uid, spec.uid)
         self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="replrl")
         self._log = open(os.path.join(self.kdir, "kernel.log"), "wb")
-        self.proc = subprocess.Popen(spec.argv, env=spec.env or None, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+        argv = spec.argv if not self.nice else [shutil.which("nice") or "nice", "-n", str(self.nice), *spec.argv]
+        self.proc = subprocess.Popen(argv, env=spec.env or None, cwd=spec.cwd, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self._pidfd = os.pidfd_open(self.proc.pid)
         loop.add_reader(self._pidfd, self._on_exit)
@@ -95,6 +99,14 @@ class KernelProcess:
             tail = self.log_tail()
             raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {tail}")
         return self
+
+    def renice(self, value: int = 0) -> None:
+        """Set the kernel's processes (those of its own uid) to niceness ``value``: a kernel that booted at a low
+        priority runs its episode at the host's. Needs the host to be root (a kernel uid of its own); else a no-op."""
+        if self.nice != value and self.uid is not None:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_USER, self.uid, value)
+                self.nice = value
 
     def _on_exit(self) -> None:
         with contextlib.suppress(ValueError, OSError):

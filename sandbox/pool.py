@@ -5,35 +5,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .kernel import Kernel, KernelProcess, KernelStartError
-from .limits import Limits
+from .limits import Limits, is_root
 
 log = logging.getLogger(__name__)
 
+Refill = Literal["idle", "eager"]
+BOOT_NICE = 10
+"""Scheduling niceness of a kernel while it boots (when the host is root: it is set back to 0 when handed out)."""
+
 
 class KernelPool:
-    """Keeps ``size`` kernel processes started and idle, so ``acquire()`` costs milliseconds, not a cold start.
+    """Keeps up to ``size`` kernel processes started and idle, so ``acquire()`` costs milliseconds, not a cold start.
 
     ``acquire()`` hands out a kernel with fresh state; on release it is killed (never reused: no state leaks
-    between episodes) and a replacement starts in the background. A kernel that dies or is killed mid-episode is
-    replaced from the same warm set. ``close()`` kills everything the pool started.
+    between episodes). A kernel that dies or is killed mid-episode is replaced from the same warm set. ``close()``
+    kills everything the pool started.
+
+    When replacements start (``refill``): ``"idle"`` (the default) starts them once no kernel is in use, i.e.
+    between rollouts, while the trainer updates the model, so no rollout shares the CPU with kernels booting
+    (a boot costs a few hundred CPU-milliseconds); ``"eager"`` starts one as soon as a kernel is taken. Either way
+    an ``acquire()`` that finds no warm kernel starts one for itself at once. At most ``max_boots`` kernels boot at a
+    time, and when the host is root they boot at a lower priority (nice ``BOOT_NICE``, back to 0 when handed out).
     """
 
-    def __init__(self, size: int = 4, limits: Limits | None = None, tools: Sequence[str] = ()):
+    def __init__(self, size: int = 4, limits: Limits | None = None, tools: Sequence[str] = (),
+                 refill: Refill = "idle", max_boots: int | None = None):
         if size < 1:
             raise ValueError("KernelPool size must be >= 1")
+        if refill not in ("idle", "eager"):
+            raise ValueError(f"KernelPool refill must be 'idle' or 'eager', got {refill!r}")
         self.size = size
         self.limits = limits or Limits()
         self.isolation = self.limits.resolve_isolation()
         self.tools = tuple(tools)
+        self.refill = refill
+        self.max_boots = max_boots or max(2, os.cpu_count() or 2)
         self._idle: asyncio.Queue[KernelProcess] = asyncio.Queue()
         self._starting: set[asyncio.Task] = set()
         self._in_use: set[Kernel] = set()
+        self._waiting = 0  # acquirers waiting for a warm kernel
+        self._boot_slots: asyncio.Semaphore | None = None
         self._closed = False
         self.failures = 0
+        self.boots = 0
+        """Kernels started so far (the warm start included)."""
+        self.boots_while_busy = 0
+        """Of those, how many started while some kernel was in use (a rollout running beside the boot)."""
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self) -> KernelPool:
@@ -65,8 +87,13 @@ class KernelPool:
         """Kernels started and idle right now."""
         return self._idle.qsize()
 
+    @property
+    def in_use(self) -> int:
+        """Kernels handed out and not yet released."""
+        return len(self._in_use)
+
     async def wait_full(self, timeout: float = 60.0) -> bool:
-        """Wait until the pool is back at full strength (``size`` idle kernels)."""
+        """Start what is missing and wait until the pool is back at full strength (``size`` idle kernels)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self._idle.qsize() < self.size and loop.time() < deadline:
@@ -74,51 +101,78 @@ class KernelPool:
             await asyncio.sleep(0.02)
         return self._idle.qsize() >= self.size
 
+    def fill(self) -> None:
+        """Start (in the background) the kernels the pool is short of; returns at once."""
+        self._refill()
+
     # -- kernels ---------------------------------------------------------------------------------------------
     def _refill(self) -> None:
-        if self._closed:
-            return
-        while self._idle.qsize() + len(self._starting) < self.size:
-            task = asyncio.ensure_future(self._start_one())
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
+        while not self._closed and self._idle.qsize() + len(self._starting) < self.size:
+            self._boot()
+
+    def _boot(self) -> None:
+        task = asyncio.ensure_future(self._start_one())
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
 
     async def _start_one(self) -> None:
-        try:
-            proc = await KernelProcess(self.limits, self.isolation).start()
-        except KernelStartError as err:
-            self.failures += 1
-            log.warning("%s", err)
-            if self.failures > 3 * self.size:
-                raise
-            await asyncio.sleep(min(0.1 * self.failures, 2.0))
-            return self._refill()
+        if self._boot_slots is None:  # made on the running loop
+            self._boot_slots = asyncio.Semaphore(self.max_boots)
+        async with self._boot_slots:
+            if self._closed:
+                return
+            self.boots += 1
+            self.boots_while_busy += bool(self._in_use)
+            try:
+                proc = await KernelProcess(self.limits, self.isolation, nice=BOOT_NICE if is_root() else 0).start()
+            except KernelStartError as err:
+                self.failures += 1
+                log.warning("%s", err)
+                if self.failures > 3 * self.size:
+                    raise
+                await asyncio.sleep(min(0.1 * self.failures, 2.0))
+                return self._refill() if self.refill == "eager" or not self._in_use else self._for_waiters()
         if self._closed:
             proc.kill()
         else:
             self._idle.put_nowait(proc)
 
+    def _for_waiters(self) -> None:
+        """Start a kernel for each acquirer that finds none warm and none on its way."""
+        while not self._closed and self._idle.qsize() + len(self._starting) < self._waiting:
+            self._boot()
+
     async def _take(self) -> KernelProcess:
-        """A warm process (waiting for one if all are still starting); the pool refills behind it."""
+        """A warm process (starting one if none is warm); in "eager" mode the pool refills behind it."""
         while True:
-            if self._idle.empty():
+            self._waiting += 1
+            try:
+                self._for_waiters()
+                proc = await self._idle.get()
+            finally:
+                self._waiting -= 1
+            if self.refill == "eager":
                 self._refill()
-            proc = await self._idle.get()
-            self._refill()
             if proc.alive:
+                proc.renice(0)
                 return proc
             proc.kill()
 
+    def _released(self) -> None:
+        if self.refill == "idle" and not self._in_use and not self._closed:
+            self._refill()  # nothing runs now (between rollouts, or the update): the moment to boot
+
     @contextlib.asynccontextmanager
     async def acquire(self) -> AsyncIterator[Kernel]:
-        """A kernel with fresh state for one episode; killed and replaced when the block exits."""
+        """A kernel with fresh state for one episode; killed when the block exits (and replaced, see ``refill``)."""
         if self._closed:
             raise RuntimeError("KernelPool is closed")
         kernel = Kernel(self.limits, self.tools, _spawn=self._take)
-        await kernel.start()
         self._in_use.add(kernel)
         try:
+            await kernel.start()
             yield kernel
         finally:
             self._in_use.discard(kernel)
             await kernel.shutdown()
+            self._released()

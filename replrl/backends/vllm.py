@@ -77,6 +77,7 @@ try:
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.metrics.loggers import StatLoggerBase
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
     from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 except Exception as e:  # not installed, or installed against another torch (e.g. torchvision operators missing)
@@ -178,6 +179,80 @@ class LineRuleLogitsProcessor(LogitsProcessor):
             rows = torch.tensor(inside, device=logits.device)                                   # [R]
             logits[rows.unsqueeze(1), self.anywhere_ids] = float("-inf")                        # [R, K]
         return logits
+
+
+class StepLog:
+    """vLLM's own statistics of every engine step, kept only when asked (``VLLMGenerator(step_stats=True)``: vLLM
+    then collects its per-step statistics, which it does not otherwise). Recorded in the front end as each step's
+    outputs arrive: when (``time.perf_counter``), the step's prefill rows and tokens (new requests and resumed lines'
+    input chunks) against its decoding rows and tokens, the engine core's own time for the step, the running and
+    waiting requests, and the CUDA-graph mode where the vLLM version reports it (vLLM 0.32 with
+    ``cudagraph_metrics``). ``summary(since)`` turns the steps after ``since`` into figures."""
+
+    FIELDS = ("t", "ctx_rows", "ctx_tokens", "gen_rows", "gen_tokens", "engine_ms", "running", "waiting", "graph")
+
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+
+    def logger_class(self) -> type:
+        """A vLLM stat logger class (vLLM makes one per engine) that appends to this log."""
+        log = self
+
+        class _StepLogger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                       engine_idx: int = 0) -> None:
+                log.record(scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _StepLogger
+
+    def record(self, stats: Any, iteration: Any = None) -> None:
+        details = getattr(stats, "iteration_details", None)
+        now = time.perf_counter()
+        if details is None:  # a vLLM without per-step details (0.26): what the front end saw of the step
+            if iteration is None or stats is None:
+                return
+            firsts = len(iteration.time_to_first_tokens_iter)
+            self.steps.append((now, firsts, iteration.num_prompt_tokens,
+                               len(iteration.inter_token_latencies_iter), iteration.num_generation_tokens,
+                               float("nan"), stats.num_running_reqs, stats.num_waiting_reqs, ""))
+            return
+        graph = getattr(stats, "cudagraph_stats", None)
+        self.steps.append((now, details.num_ctx_requests, details.num_ctx_tokens,
+                           details.num_generation_requests, details.num_generation_tokens, details.elapsed_ms,
+                           stats.num_running_reqs, stats.num_waiting_reqs,
+                           str(getattr(graph, "runtime_mode", "")) if graph is not None else ""))
+
+    def summary(self, since: int = 0) -> dict[str, Any]:
+        """Figures of steps ``since`` onwards: how many; the share that carried prefill (a resumed line's input
+        or a new request) beside decoding rows ("mixed"); the engine core's mean time per decode-only, mixed and
+        prefill-only step; the mean interval between steps as the front end receives them, and how much of it
+        is not the engine core's step (scheduling, the engine process's own work, the trip to the front end); the
+        decoding rows per step; steps per CUDA-graph mode."""
+        steps = self.steps[since:]
+        if not steps:
+            return {"steps": 0}
+        kinds: dict[str, list[float]] = {"decode": [], "mixed": [], "prefill": []}
+        for _, ctx, _, gen, _, ms, *_ in steps:
+            kinds["mixed" if ctx and gen else "prefill" if ctx else "decode"].append(ms)
+        gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:])]
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        interval_ms = 1000 * mean(gaps)
+        graphs: dict[str, int] = {}
+        for step in steps:
+            graphs[step[8] or "unreported"] = graphs.get(step[8] or "unreported", 0) + 1
+        return {"steps": len(steps), "mixed_share": round(len(kinds["mixed"]) / len(steps), 3),
+                "prefill_only_share": round(len(kinds["prefill"]) / len(steps), 3),
+                **{f"{k}_step_ms": round(mean(v), 2) for k, v in kinds.items()},
+                "interval_ms": round(interval_ms, 2),
+                "outside_engine_ms": round(interval_ms - mean([s[5] for s in steps[1:]]), 2),
+                "gen_rows_per_step": round(mean([s[3] for s in steps]), 1),
+                "ctx_tokens_per_step": round(mean([s[2] for s in steps]), 1), "graph_modes": graphs}
 
 
 class WeightSyncExtension:
@@ -643,7 +718,8 @@ class VLLMGenerator:
     sync. ``max_rows`` is the most rows sessions hold at once (the trainer passes its kernel pool's size): when it
     is more than vLLM's default of 128 requests (``max_num_seqs``), the engine gets room for that many. A row keeps
     its request, and its place, while its line runs, so without it rows beyond 128 would wait for whole episodes
-    to end. ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are (and win).
+    to end. ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are (and win). ``step_stats``: keep vLLM's
+    statistics of every engine step in ``step_log`` (a ``StepLog``; for benches: vLLM computes them only then).
     """
 
     def __init__(
@@ -660,6 +736,7 @@ class VLLMGenerator:
         sync_timeout_s: float = 300.0,
         max_rows: int | None = None,
         engine_args: dict[str, Any] | None = None,
+        step_stats: bool = False,
     ):
         if sync_transport not in SYNC_TRANSPORTS:
             raise ValueError(f"sync_transport must be one of {', '.join(SYNC_TRANSPORTS)}, not {sync_transport!r}")
@@ -725,10 +802,14 @@ class VLLMGenerator:
             args["max_num_batched_tokens"] = max(int(longest), 4096)
         if max_rows is not None and max_rows > VLLM_DEFAULT_MAX_NUM_SEQS:
             args["max_num_seqs"] = int(max_rows)
+        self.step_log = StepLog() if step_stats else None
+        if step_stats and "enable_logging_iteration_details" in AsyncEngineArgs.__dataclass_fields__:
+            args["enable_logging_iteration_details"] = True  # (vLLM 0.32; older versions report no step details)
         args.update(engine_args or {})
         self._loop = _LoopThread()
         self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)
-        self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args)))
+        loggers = [self.step_log.logger_class()] if self.step_log is not None else None
+        self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args), loggers))
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir)
         self.max_model_len = self.engine.model_config.max_model_len
@@ -832,8 +913,8 @@ class VLLMGenerator:
         self.engine = None  # type: ignore[assignment]
 
 
-async def _start(args: AsyncEngineArgs) -> AsyncLLM:
-    return AsyncLLM.from_engine_args(args)
+async def _start(args: AsyncEngineArgs, stat_loggers: list[type] | None = None) -> AsyncLLM:
+    return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
 
 
 def _shutdown(engine: AsyncLLM | None, loop: _LoopThread, directory: Path) -> None:

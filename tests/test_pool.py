@@ -1,0 +1,89 @@
+"""When the pool starts kernels: never beside a running rollout in "idle" mode (the default), behind each taken
+kernel in "eager" mode, on demand when none is warm; booting kernels at a low priority, running ones at the host's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from sandbox import KernelPool, Limits, run_sync
+from sandbox.limits import is_root
+
+LIMITS = Limits(wall_s=5.0, uid_base=150000)
+
+
+def niceness_of_uid(uid: int) -> set[int]:
+    """The niceness of every live process of ``uid`` (field 19 of /proc/PID/stat)."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    with open(f"/proc/{entry}/stat") as f:
+                        out.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+            except OSError:
+                pass
+    return out
+
+
+async def episodes(pool: KernelPool, n: int, then: str = "21 * 2") -> list[str]:
+    """``n`` episodes at once, each on its own kernel; each also checks that no kernel boots while it runs."""
+    async def one() -> str:
+        async with pool.acquire() as kernel:
+            result = await kernel.execute(then, mode="single")
+            await asyncio.sleep(0.2)  # the other episodes are running too: a refill now would boot beside them
+            return result.output
+    return await asyncio.gather(*(one() for _ in range(n)))
+
+
+def test_idle_refill_boots_only_when_no_kernel_is_in_use():
+    async def main() -> None:
+        async with KernelPool(size=3, limits=LIMITS) as pool:
+            assert pool.boots == 3 and pool.boots_while_busy == 0
+            assert await episodes(pool, 3) == ["42\n"] * 3
+            assert pool.boots_while_busy == 0, "a kernel booted while episodes ran"
+            # the last release started the refill: the pool comes back to full strength by itself
+            for _ in range(600):
+                if pool.warm == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert pool.warm == 3 and pool.boots == 6
+            assert await episodes(pool, 3) == ["42\n"] * 3  # the second rollout finds warm kernels
+            assert pool.boots_while_busy == 0
+    run_sync(main())
+
+
+def test_more_episodes_than_warm_kernels_start_theirs_on_demand():
+    async def main() -> None:
+        async with KernelPool(size=2, limits=LIMITS) as pool:
+            assert await episodes(pool, 5) == ["42\n"] * 5
+            assert pool.boots_while_busy == 3  # exactly the three the warm set lacked
+    run_sync(main())
+
+
+def test_eager_refill_boots_behind_each_taken_kernel():
+    async def main() -> None:
+        async with KernelPool(size=2, limits=LIMITS, refill="eager") as pool:
+            assert await episodes(pool, 2) == ["42\n"] * 2
+            assert pool.boots_while_busy == 2
+    run_sync(main())
+
+
+def test_bad_refill_mode_is_refused():
+    with pytest.raises(ValueError, match="refill"):
+        KernelPool(size=1, refill="lazy")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not is_root(), reason="kernels get uids of their own (and can be reniced) only when the host is root")
+def test_kernels_boot_at_low_priority_and_run_at_the_hosts():
+    async def main() -> None:
+        async with KernelPool(size=1, limits=LIMITS) as pool:
+            warm = await pool._idle.get()
+            assert niceness_of_uid(warm.uid) == {10}  # booted (and waiting) at nice 10
+            pool._idle.put_nowait(warm)
+            async with pool.acquire() as kernel:
+                assert (await kernel.execute("import os; print(os.nice(0))")).output == "0\n"
+                assert niceness_of_uid(kernel._proc.uid) == {0}
+    run_sync(main())
