@@ -26,7 +26,26 @@ Per line, each backend also reports how long a row waited for its line to be sam
 row's share of the batch's generation, and whatever the loop adds) and for the kernel to run it (``*_exec_ms``, as
 the row sees it: the sandbox's round trip and the event loop's turn), with ``*_lines_per_row``.
 
-The top-level figures are those of the first batch size; ``batches`` holds every batch size's. The vLLM engine's
+Instruments (issue 48: where the loop's time goes), each priced side by side in the same run:
+
+- ``--refill idle eager``: the kernel pool's refill modes, each timing the same REPL rollouts from a full pool
+  (``*_repl_s_refill_eager``, ``vllm_repl_vs_same_tokens_ratio_refill_eager``), with the kernels that booted during
+  the rollout (``*_boots_in_rollout``) and the CPU seconds of each process group over the rollout (``*_cpu_host_s``:
+  this process, the host loop and, for HF, the model; ``*_cpu_kernels_s``: the sandboxed kernels, boots included;
+  ``*_cpu_engine_s``: vLLM's engine processes; ``bench/cpu_groups.py``);
+- ``vllm_steps_repl`` / ``vllm_steps_plain``: vLLM's own per-step statistics (``replrl.backends.vllm.StepLog``):
+  steps, the share that mixed a resumed line's prefill with other rows' decoding, the engine core's time per
+  decode-only and mixed step, the interval between steps as the front end receives them and how much of it is
+  outside the engine core's step, decoding rows per step, and CUDA-graph modes where vLLM reports them;
+- ``vllm_plain_with_line_rule[+delta[+stop_ids]]_ratio``: plain generation with the loop's per-step costs added one
+  at a time, against plain generation without them (``PLAIN_COSTS``);
+- ``*_exec_vs_idle_ratio``: a line's kernel round trip during the rollout against an idle kernel's (``idle_exec_ms``).
+
+``--model proxy`` is the CPU proxy (``bench/proxy_model.py``): Qwen2.5's tokenizer over a 2-layer random model, so
+an engine step on a CPU is not the model and the loop's own costs show. ``--no-hf``: vLLM only.
+
+The top-level figures are those of the first batch size; ``ratios_by_batch`` holds the headline ratios of each batch
+size and ``batches`` every figure of each. The vLLM engine's
 start (and the first weight copy) is timed apart, not in any of these. Needs vllm (on a CPU: the second
 environment of .ci/vllm_env.sh, e.g. ``.venv-vllm/bin/python bench/backends.py``).
 
@@ -160,6 +179,19 @@ def plain_run(name: str, gen: Any, model: Any, tokenizer: Any, prompts: list[lis
     return plain_generate(model, tokenizer, prompts, new_tokens)
 
 
+async def idle_exec_ms(pool: KernelPool, lines: int = 30) -> float:
+    """Median ms of a line through ``ReplSession.feed`` on a kernel with nothing else running (the rollouts' view
+    of a line's round trip, idle)."""
+    async with pool.acquire() as kernel:
+        repl = ReplSession(kernel, banner="")
+        times = []
+        for k in range(lines):
+            t0 = time.perf_counter()
+            await repl.feed(f"x = {k} * 2")
+            times.append(1000 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
 def steps_so_far(gen: Any) -> int:
     """How many engine steps vLLM's step log holds (0 for HF)."""
     log = getattr(gen, "step_log", None)
@@ -200,6 +232,7 @@ def main() -> None:
     ap.add_argument("--line-tokens", type=int, default=24)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the model's (bfloat16 on a GPU, as users run it; vLLM then uses FlashAttention)")
+    ap.add_argument("--no-hf", action="store_true", help="vLLM only (no HF rollouts: GPU A/B runs of engine settings)")
     ap.add_argument("--refill", nargs="+", default=["idle", "eager"], choices=["idle", "eager"],
                     help="the kernel pool's refill modes to time side by side (the first gives the main figures; "
                          "eager: a kernel boots behind each one taken, as before issue 48)")
@@ -216,8 +249,9 @@ def main() -> None:
     rows = load_task("gsm8k", data=args.data).rows("test")
     sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
     t0 = time.perf_counter()
-    gens = {"vllm": load_generator("vllm", model, tokenizer, engine_args=engine_args or None, step_stats=True),
-            "hf": load_generator("hf", model, tokenizer)}
+    gens = {"vllm": load_generator("vllm", model, tokenizer, engine_args=engine_args or None, step_stats=True)}
+    if not args.no_hf:
+        gens["hf"] = load_generator("hf", model, tokenizer)
     vllm_start = time.perf_counter() - t0
     sync_s = gens["vllm"].last_sync_s
     print(f"vLLM engine start {vllm_start:.1f} s, of which the weight copy (sync_weights) {sync_s:.1f} s")
@@ -227,6 +261,8 @@ def main() -> None:
     per_batch: dict[int, dict[str, Any]] = {}
     pool = run_sync(KernelPool(size=max(args.batches), limits=Limits(wall_s=2.0), tools=["submit"]).start())
     try:
+        idle_ms = run_sync(idle_exec_ms(pool))
+        print(f"a line's kernel round trip with nothing else running: {idle_ms:.1f} ms (median)")
         for b in args.batches:
             prompts = [encode(tokenizer, build_prompt(tokenizer, rows[i % len(rows)]["question"]))
                        for i in range(b)]
@@ -265,7 +301,8 @@ def main() -> None:
                         f"{name}_repl_vs_plain_ratio": round(run["wall"] / plain, 3),
                         f"{name}_lines_per_row": round(run["lines"] / b, 1),
                         f"{name}_wait_line_ms": round(1000 * run["wait_line_s"] / max(run["lines"], 1), 1),
-                        f"{name}_exec_ms": round(1000 * run["exec_s"] / max(run["lines"], 1), 1)}
+                        f"{name}_exec_ms": round(1000 * run["exec_s"] / max(run["lines"], 1), 1),
+                        f"{name}_exec_vs_idle_ratio": round(1000 * run["exec_s"] / max(run["lines"], 1) / idle_ms, 2)}
                 if name == "vllm":
                     stats, timing = run["stats"], run["timing"]
                     fig["vllm_context_reuse_rate"] = round(stats["cached_tokens"] / max(stats["prompt_tokens"], 1), 3)
@@ -291,13 +328,14 @@ def main() -> None:
                     fig |= {"vllm_same_tokens_plain_s": round(same, 3),
                             "vllm_repl_vs_same_tokens_ratio": round(run["wall"] / same, 3),
                             "vllm_same_tokens_vs_plain_ratio": round(same / plain, 3)}
-            fig["vllm_vs_hf_rollout_speedup"] = round(fig["hf_repl_s"] / fig["vllm_repl_s"], 3)
+            hf = "hf" in gens
+            fig["vllm_vs_hf_rollout_speedup"] = round(fig["hf_repl_s"] / fig["vllm_repl_s"], 3) if hf else None
             # each backend samples its own lines, so their interpreters print different amounts: per token read
             # (prompt, interpreter) or written (model)
             prompt = sum(map(len, prompts)) / b
             work = {n: prompt + fig[f"{n}_model_tokens_per_row"] + fig[f"{n}_env_tokens_per_row"] for n in gens}
             per_token = {n: fig[f"{n}_repl_s"] / work[n] for n in gens}
-            fig["vllm_vs_hf_speedup_per_token"] = round(per_token["hf"] / per_token["vllm"], 3)
+            fig["vllm_vs_hf_speedup_per_token"] = round(per_token["hf"] / per_token["vllm"], 3) if hf else None
             per_batch[b] = fig
             print(f"batch {b}: {fig['vllm_model_tokens_per_row']:.0f} model tokens per row")
             for name in gens:
@@ -313,10 +351,11 @@ def main() -> None:
                           f"{f[f'cpu_host_s_refill_{mode}']:.1f}, kernels {f[f'cpu_kernels_s_refill_{mode}']:.1f}, "
                           f"engine {f[f'cpu_engine_s_refill_{mode}']:.1f}; kernels booted during the rollout: "
                           f"{f[f'boots_in_rollout_refill_{mode}']}")
-            print(f"  vLLM vs HF rollout speedup {fig['vllm_vs_hf_rollout_speedup']:.2f}x, per token read or written "
-                  f"{fig['vllm_vs_hf_speedup_per_token']:.2f}x (interpreter tokens per row: vLLM "
-                  f"{fig['vllm_env_tokens_per_row']:.0f}, HF {fig['hf_env_tokens_per_row']:.0f}; context reused by "
-                  f"line requests {fig['vllm_context_reuse_rate']:.2f})")
+            if hf:
+                print(f"  vLLM vs HF rollout speedup {fig['vllm_vs_hf_rollout_speedup']:.2f}x, per token read or "
+                      f"written {fig['vllm_vs_hf_speedup_per_token']:.2f}x (interpreter tokens per row: vLLM "
+                      f"{fig['vllm_env_tokens_per_row']:.0f}, HF {fig['hf_env_tokens_per_row']:.0f}; context reused "
+                      f"by line requests {fig['vllm_context_reuse_rate']:.2f})")
             print(f"  vLLM per line: first token {fig['vllm_first_token_ms']:.0f} ms after its input, then a token "
                   f"every {fig['vllm_line_step_ms']:.1f} ms (plain generation: {fig['vllm_plain_step_ms']:.1f} ms a "
                   f"step); {fig['vllm_between_lines_ms']:.0f} ms from a line out of the engine to the next input")
@@ -346,12 +385,13 @@ def main() -> None:
                       "vllm_vs_hf_rollout_speedup": first["vllm_vs_hf_rollout_speedup"],
                       "vllm_vs_hf_speedup_per_token": first["vllm_vs_hf_speedup_per_token"],
                       "vllm_repl_vs_plain_ratio": first["vllm_repl_vs_plain_ratio"],
-                      "hf_repl_vs_plain_ratio": first["hf_repl_vs_plain_ratio"],
+                      "hf_repl_vs_plain_ratio": first.get("hf_repl_vs_plain_ratio"),
                       "vllm_repl_vs_same_tokens_ratio": first["vllm_repl_vs_same_tokens_ratio"],
                       "vllm_same_tokens_vs_plain_ratio": first["vllm_same_tokens_vs_plain_ratio"],
                       "ratios_by_batch": {b: {k: v for k, v in f.items() if k.startswith((
                           "vllm_repl_vs_same_tokens_ratio", "hf_repl_vs_plain_ratio", "vllm_vs_hf_rollout_speedup",
-                          "vllm_first_token_ms"))} for b, f in per_batch.items()},
+                          "vllm_first_token_ms", "vllm_exec_vs_idle_ratio"))} for b, f in per_batch.items()},
+                      "idle_exec_ms": round(idle_ms, 2),
                       "vllm_engine_start_s": round(vllm_start, 1),
                       "vllm_sync_weights_s": round(sync_s, 2), "vllm_engine_args": engine_args,
                       "batches": per_batch}))

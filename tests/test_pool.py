@@ -76,7 +76,7 @@ def test_bad_refill_mode_is_refused():
         KernelPool(size=1, refill="lazy")  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(not is_root(), reason="kernels get uids of their own (and can be reniced) only when the host is root")
+@pytest.mark.skipif(not is_root(), reason="kernels get uids of their own (and are reniced) only when the host is root")
 def test_kernels_boot_at_low_priority_and_run_at_the_hosts():
     async def main() -> None:
         async with KernelPool(size=1, limits=LIMITS) as pool:
