@@ -58,6 +58,7 @@ class KernelProcess:
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self._pidfd: int | None = None
+        self._kdir_fd: int | None = None
         self._reader: asyncio.Task | None = None
         self._closed = False
         self.uid: int | None = None
@@ -126,7 +127,10 @@ class KernelProcess:
             raise KernelStartError(f"sandboxed kernel (bwrap, forked) did not start: {err}") from None
         self._pidfd, self.pid = forked.pidfd, forked.pid
         loop.add_reader(self._pidfd, self._on_exit)
-        return await self._connect(os.path.join(self.kdir, "k"))
+        # the sockets' path through an fd of the directory: a kernel directory inside the fork server's is longer
+        # than a unix socket's 108 bytes allow where the temp directory is deep (pytest's)
+        self._kdir_fd = os.open(self.kdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return await self._connect(f"/proc/self/fd/{self._kdir_fd}/k")
 
     async def _connect(self, ip: str) -> KernelProcess:
         ctx = zmq.asyncio.Context.instance()
@@ -224,10 +228,11 @@ class KernelProcess:
         self.pending.clear()
         if hasattr(self, "_log"):
             self._log.close()
+        if self._kdir_fd is not None:
+            os.close(self._kdir_fd)
+            self._kdir_fd = None
         if self.kdir is not None:
             remove_kernel_dir(self.kdir, self._kdir_lock)
-        elif self._kdir_lock is not None:
-            os.close(self._kdir_lock)
         if self._zygote is not None:
             zygote.release(self._zygote)
             self._zygote = None
