@@ -34,6 +34,7 @@ import resource
 import sys
 
 _CFG = json.loads(os.environ.pop("REPLRL_SANDBOX", "{}"))
+_START_ENV = dict(os.environ)  # what the imports below add (debugpy's settings) a forked kernel adds to its own
 _PLAIN_PATH = list(sys.path)  # the interpreter's own (no PYTHONPATH is set): what `python -i` shows
 _PLAIN_BUILTINS = dict(vars(builtins))
 sys.path.extend(p for p in _CFG.get("import_path", []) if p not in sys.path)  # where the host found ipykernel

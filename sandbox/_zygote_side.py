@@ -103,8 +103,11 @@ def _kernel_c(req, log_fd):
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     _close_fds_except(())
+    added = {k: v for k, v in os.environ.items() if k not in _START_ENV}  # noqa: F821  (_kernel_side.py)
     os.environ.clear()
     os.environ.update(req["env"])
+    os.environ["PWD"] = req["work"]  # as bwrap's --chdir sets it
+    os.environ.update(added)
     import site
 
     site.USER_BASE = site.USER_SITE = None  # as the kernel's HOME makes them (none of them exist)
