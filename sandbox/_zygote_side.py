@@ -74,13 +74,17 @@ def _hide_other_kernels(req):
     in the zygote's view holds the directory of all of this zygote's kernels) and this kernel's directory bound
     onto it from an fd opened before the tmpfs covered it."""
     fd = os.open(req["kdir"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    shared = os.open(os.path.dirname(req["kdir"]), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     tmp, view = req["tmp"], req["view_kdir"]
     _mount("tmpfs", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k,nr_inodes=16")
     os.mkdir(view, 0o755)
     _mount(f"/proc/self/fd/{fd}", view, None, _MS_BIND)
     _mount(None, view, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV)
     _mount(None, tmp, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    # the directory of all of this zygote's kernels, now covered, is taken out of this namespace altogether
+    _check(_LIBC.umount2(f"/proc/self/fd/{shared}".encode(), _MNT_DETACH), "umount the kernels' directory")
     os.close(fd)
+    os.close(shared)
 
 
 def _fresh_proc():
