@@ -1,15 +1,24 @@
-"""CPU seconds by process group over a stretch of a run: this process (replrl's host loop, its threads), the
-sandboxed kernels (boots included), and every other child process (vLLM's engine). Exact without sampling:
-kernels killed during the stretch are reaped by the host, so their CPU is in its RUSAGE_CHILDREN; live ones (the
-warm pool, the engine) are read from /proc, their reaped descendants included.
+"""CPU seconds by process group over a stretch of a run: this process (replrl's host loop and its threads; HF's
+model too), the sandboxed kernels (boots included; the fork server's), and vLLM's engine processes.
+
+A killed kernel's CPU never reaches this process's RUSAGE_CHILDREN (its bwrap parent dies with it, unwaited), so
+the children's process trees are sampled from /proc every ``every`` seconds, and each process's last
+sample counts (a process alive at the start counts from its first sample). What a kernel spends in the last
+``every`` seconds before it is killed is missed: a few ms of an idle kernel's.
 
     meter = CpuGroups(); ...; figures = meter.read()  # {"host": s, "kernels": s, "engine": s}
+
+The sampler is a process of its own (``python bench/cpu_groups.py HOST_PID EVERY``), not counted in any group.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+import subprocess
+import sys
+import threading
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -25,54 +34,83 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _cpu(pid: int) -> float:
-    """utime + stime + cutime + cstime of ``pid`` in seconds (its reaped children included), 0 if it is gone."""
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(start time, utime + stime in seconds) of ``pid`` itself, None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return sum(int(x) for x in fields[11:15]) / TICK
+        return int(fields[19]), (int(fields[11]) + int(fields[12])) / TICK
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return None
 
 
-def _tree_cpu(pid: int) -> float:
-    return _cpu(pid) + sum(_tree_cpu(c) for c in _children(pid))
-
-
-def _is_kernel(pid: int) -> bool:
-    """A sandboxed kernel's root process (nice, bwrap, unshare or the python kernel: its argv names its
-    connection file)."""
+def _is_engine(pid: int) -> bool:
+    """vLLM's engine (a process it spawns: ``multiprocessing.spawn`` or retitled ``VLLM::...``)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"connection.json" in f.read()
+            cmd = f.read()
     except OSError:
         return False
+    return b"multiprocessing" in cmd or cmd.startswith(b"VLLM")
 
 
-def live() -> dict[str, float]:
-    """CPU seconds so far of the live children's trees, by group."""
-    out = {"kernels": 0.0, "engine": 0.0}
-    for child in _children(os.getpid()):
-        out["kernels" if _is_kernel(child) else "engine"] += _tree_cpu(child)
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
     return out
 
 
 class CpuGroups:
-    """CPU seconds per group since it was made (or last ``reset``)."""
+    """CPU seconds per group from its creation to ``read()``. The sampling runs in a process of its own (walking
+    /proc for hundreds of kernel processes would otherwise cost this process CPU, and its event loop the GIL)."""
 
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
+    def __init__(self, every: float = 0.2) -> None:
         self._self = resource.getrusage(resource.RUSAGE_SELF)
-        self._reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self._live = live()
+        self._sampler = subprocess.Popen([sys.executable, __file__, str(os.getpid()), str(every)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._sampler.stdout is not None
+        self._sampler.stdout.readline()  # its first sample is taken
 
     def read(self) -> dict[str, float]:
-        me, reaped, now = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN),
-                           live())
-        reaped_s = (reaped.ru_utime + reaped.ru_stime) - (self._reaped.ru_utime + self._reaped.ru_stime)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        out, _ = self._sampler.communicate("")  # stdin closed: the last sample, then the sums
         return {"host": round((me.ru_utime + me.ru_stime) - (self._self.ru_utime + self._self.ru_stime), 3),
-                # a kernel that died in the stretch: all its CPU is in reaped_s (its earlier share was in _live)
-                "kernels": round(now["kernels"] - self._live["kernels"] + reaped_s, 3),
-                "engine": round(now["engine"] - self._live["engine"], 3)}
+                **json.loads(out)}
+
+
+def sample(host: int, every: float) -> None:
+    """The sampler's loop (in its own process): every ``every`` s, each process under ``host`` but this one."""
+    me = os.getpid()
+    first: dict[tuple[int, int], float] = {}
+    last: dict[tuple[int, int], tuple[str, float]] = {}
+
+    def once(is_first: bool = False) -> None:
+        for child in _children(host):
+            if child == me:
+                continue
+            group = "engine" if _is_engine(child) else "kernels"
+            for pid in _tree(child):
+                st = _stat(pid)
+                if st is not None:
+                    if is_first:
+                        first[(pid, st[0])] = st[1]
+                    last[(pid, st[0])] = (group, st[1])
+
+    once(is_first=True)
+    print("ready", flush=True)
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    while not done.wait(every):
+        once()
+    once()
+    out = {"kernels": 0.0, "engine": 0.0}
+    for key, (group, cpu) in last.items():
+        out[group] += cpu - first.get(key, 0.0)
+    print(json.dumps({k: round(v, 3) for k, v in out.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    sample(int(sys.argv[1]), float(sys.argv[2]))

@@ -2,7 +2,9 @@
 
 It is never imported by the host. ``sandbox.kernel`` reads this file and starts it with ``python -c``, so it may use
 the standard library and ipykernel only. Configuration arrives as JSON in the environment variable
-``REPLRL_SANDBOX`` (uid/gid to drop to, resource limits, output cap).
+``REPLRL_SANDBOX`` (uid/gid to drop to, resource limits, output cap). The fork server (``_zygote_side.py``) runs
+this same source with ``_ZYGOTE = True``: nothing per kernel happens at import, and each forked kernel calls
+``kernel_main`` with its own configuration.
 
 Every ``execute_request`` runs through ``code.InteractiveInterpreter`` -- CPython's own interactive semantics
 (``codeop`` compilation, ``repr`` display hook, plain tracebacks against ``<stdin>``) -- and the execute_reply
@@ -32,6 +34,7 @@ import resource
 import sys
 
 _CFG = json.loads(os.environ.pop("REPLRL_SANDBOX", "{}"))
+_START_ENV = dict(os.environ)  # what the imports below add (debugpy's settings) a forked kernel adds to its own
 _PLAIN_PATH = list(sys.path)  # the interpreter's own (no PYTHONPATH is set): what `python -i` shows
 _PLAIN_BUILTINS = dict(vars(builtins))
 sys.path.extend(p for p in _CFG.get("import_path", []) if p not in sys.path)  # where the host found ipykernel
@@ -45,7 +48,7 @@ def _drop_privileges(uid, gid):
         raise SystemExit("sandbox: failed to drop privileges")
 
 
-if _CFG.get("uid") is not None and os.getuid() == 0:
+if _CFG.get("uid") is not None and os.getuid() == 0 and not globals().get("_ZYGOTE"):
     _drop_privileges(_CFG["uid"], _CFG["gid"])
 
 import __future__  # noqa: E402
@@ -430,9 +433,9 @@ def _reap_strays(me):
     return killed
 
 
-def main():
+def main(argv=None):
     app = IPKernelApp.instance(kernel_class=ReplKernel, capture_fd_output=False, quiet=True)
-    app.initialize(sys.argv[1:])
+    app.initialize(sys.argv[1:] if argv is None else argv)
     sys.stdout = sys.stderr = app.kernel.capture
     _apply_limits(_CFG.get("rlimits", {}))
     app.start()
@@ -450,5 +453,14 @@ def _look_like_python_i():
     names.update(_PLAIN_BUILTINS)
 
 
-if __name__ == "__main__":
+def kernel_main(cfg, conn_file):
+    """A kernel forked from the fork server: take this kernel's configuration, drop to its uid, run."""
+    _CFG.clear()
+    _CFG.update(cfg)
+    if _CFG.get("uid") is not None and os.getuid() == 0:
+        _drop_privileges(_CFG["uid"], _CFG["gid"])
+    main(["-f", conn_file])
+
+
+if __name__ == "__main__" and not globals().get("_ZYGOTE"):
     main()

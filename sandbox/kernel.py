@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -29,9 +30,10 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session
 
+from . import zygote
 from .errors import KernelStartError
 from .kernel_dirs import make_kernel_dir, remove_kernel_dir
-from .launch import kill_uid, launch_spec, release_uid
+from .launch import kernel_env, kill_uid, launch_spec, next_uid, release_uid
 from .limits import Limits
 from .result import ExecResult, StateDigest, ToolCall
 
@@ -47,12 +49,22 @@ class KernelProcess:
         self.limits = limits
         self.level = level
         self.nice = nice
-        """Scheduling niceness the kernel boots at (see ``renice``)."""
-        self.kdir, self._kdir_lock = make_kernel_dir()
+        """How much lower than the host's the kernel's priority is while it boots (``nice -n``; see ``renice``). A
+        fork of the zygote is cheap: it boots at the host's."""
+        self._zygote = zygote.hold(limits) if zygote.fork_server_usable(level, limits) else None
+        """The fork server this kernel comes from, or None: a boot of its own (bwrap + python)."""
+        self.kdir: str | None = None
+        self._kdir_lock: int | None = None
+        if self._zygote is None:
+            self.kdir, self._kdir_lock = make_kernel_dir()
+        else:
+            self.nice = 0
         self.dead = asyncio.get_running_loop().create_future()
         self.pending: dict[str, asyncio.Future] = {}
         self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None
         self._pidfd: int | None = None
+        self._kdir_fd: int | None = None
         self._reader: asyncio.Task | None = None
         self._closed = False
         self.uid: int | None = None
@@ -65,7 +77,10 @@ class KernelProcess:
             raise
 
     async def _start(self) -> KernelProcess:
+        if self._zygote is not None:
+            return await self._start_forked(self._zygote)
         loop = asyncio.get_running_loop()
+        assert self.kdir is not None
         work = os.path.join(self.kdir, "work")
         os.mkdir(work)
         conn_file = os.path.join(self.kdir, "connection.json")
@@ -84,8 +99,47 @@ class KernelProcess:
         argv = spec.argv if not self.nice else [shutil.which("nice") or "nice", "-n", str(self.nice), *spec.argv]
         self.proc = subprocess.Popen(argv, env=spec.env or None, cwd=spec.cwd, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
         self._pidfd = os.pidfd_open(self.proc.pid)
         loop.add_reader(self._pidfd, self._on_exit)
+        return await self._connect(ip)
+
+    async def _start_forked(self, server: zygote.Zygote) -> KernelProcess:
+        """The kernel forked by ``server`` (see sandbox/zygote.py); its directory is ``view`` in its own view."""
+        loop = asyncio.get_running_loop()
+        await server.ensure()
+        self.kdir, self._kdir_lock, view = server.kernel_dir()
+        work = os.path.join(self.kdir, "work")
+        os.mkdir(work)
+        conn_file = os.path.join(self.kdir, "connection.json")
+        self.uid = next_uid(self.limits)
+        env = kernel_env(self.limits, view, self.uid, may_reap=True)
+        cfg = json.loads(env.pop("REPLRL_SANDBOX"))
+        key = secrets.token_hex(16)
+        ports = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+        with open(conn_file, "w") as f:
+            json.dump({"transport": "ipc", "ip": os.path.join(view, "k"), "key": key,
+                       "signature_scheme": "hmac-sha256", **ports}, f)
+        if self.uid is not None:
+            for path in (self.kdir, work, conn_file):
+                os.chown(path, self.uid, self.uid)
+        self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="replrl")
+        self._log = open(os.path.join(self.kdir, "kernel.log"), "wb")
+        request = {"cfg": cfg, "env": env, "kdir": self.kdir, "view_kdir": view, "tmp": server.tmp,
+                   "work": os.path.join(view, "work"), "conn": os.path.join(view, "connection.json"),
+                   "network": self.limits.network}
+        try:
+            forked = await server.fork(request, self._log.fileno(), START_TIMEOUT_S)
+        except (RuntimeError, OSError, asyncio.TimeoutError) as err:
+            raise KernelStartError(f"sandboxed kernel (bwrap, forked) did not start: {err}") from None
+        self._pidfd, self.pid = forked.pidfd, forked.pid
+        loop.add_reader(self._pidfd, self._on_exit)
+        # the sockets' path through an fd of the directory: a kernel directory inside the fork server's is longer
+        # than a unix socket's 108 bytes allow where the temp directory is deep (pytest's)
+        self._kdir_fd = os.open(self.kdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return await self._connect(f"/proc/self/fd/{self._kdir_fd}/k")
+
+    async def _connect(self, ip: str) -> KernelProcess:
         ctx = zmq.asyncio.Context.instance()
         self.shell = ctx.socket(zmq.DEALER)
         self.control = ctx.socket(zmq.DEALER)
@@ -100,13 +154,14 @@ class KernelProcess:
             raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {tail}")
         return self
 
-    def renice(self, value: int = 0) -> None:
-        """Set the kernel's processes (those of its own uid) to niceness ``value``: a kernel that booted at a low
-        priority runs its episode at the host's. Needs the host to be root (a kernel uid of its own); else a no-op."""
-        if self.nice != value and self.uid is not None:
+    def renice(self) -> None:
+        """Give the kernel's processes (those of its own uid) the host's niceness: a kernel that booted at a lower
+        priority (``nice`` above the host's) runs its episode at the host's. Needs the host to be root (a kernel uid
+        of its own); else a no-op."""
+        if self.nice and self.uid is not None:
             with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_USER, self.uid, value)
-                self.nice = value
+                os.setpriority(os.PRIO_USER, self.uid, os.getpriority(os.PRIO_PROCESS, 0))
+                self.nice = 0
 
     def _on_exit(self) -> None:
         with contextlib.suppress(ValueError, OSError):
@@ -149,7 +204,7 @@ class KernelProcess:
 
     def log_tail(self, n: int = 600) -> str:
         try:
-            with open(os.path.join(self.kdir, "kernel.log"), "rb") as f:
+            with open(os.path.join(self.kdir or "", "kernel.log"), "rb") as f:
                 return f.read()[-n:].decode(errors="replace").strip() or "(no output)"
         except OSError:
             return "(no log)"
@@ -172,6 +227,10 @@ class KernelProcess:
                 kill_uid(self.uid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
+        elif self._pidfd is not None:  # forked: pid 1 of the kernel's pid namespace; its death ends the namespace
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            select.select([self._pidfd], [], [], 5.0)
         release_uid(self.uid)
         if self._pidfd is not None:
             with contextlib.suppress(ValueError, OSError):
@@ -185,7 +244,14 @@ class KernelProcess:
         self.pending.clear()
         if hasattr(self, "_log"):
             self._log.close()
-        remove_kernel_dir(self.kdir, self._kdir_lock)
+        if self._kdir_fd is not None:
+            os.close(self._kdir_fd)
+            self._kdir_fd = None
+        if self.kdir is not None:
+            remove_kernel_dir(self.kdir, self._kdir_lock)
+        if self._zygote is not None:
+            zygote.release(self._zygote)
+            self._zygote = None
 
 
 Spawner = Callable[[], Awaitable[KernelProcess]]
@@ -206,6 +272,8 @@ class Kernel:
         self._proc: KernelProcess | None = None
         self._replacing: asyncio.Task | None = None
         self.restarts = 0
+        self._held: zygote.Zygote | None = None
+        """A kernel of its own keeps its fork server between restarts (a pool's idle kernels keep the pool's)."""
 
     async def _spawn(self) -> KernelProcess:
         proc = await (self._spawn_fn() if self._spawn_fn else KernelProcess(self.limits, self.isolation).start())
@@ -214,6 +282,8 @@ class Kernel:
         return proc
 
     async def start(self) -> Kernel:
+        if self._spawn_fn is None and self._held is None and zygote.fork_server_usable(self.isolation, self.limits):
+            self._held = zygote.hold(self.limits)
         if self._proc is None:
             self._proc = await self._spawn()
         return self
@@ -226,7 +296,7 @@ class Kernel:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.proc.pid if self._proc and self._proc.proc else None
+        return self._proc.pid if self._proc else None
 
     async def set_tools(self, names: Sequence[str]) -> None:
         """Define recording functions (e.g. ``submit``) in the namespace; their calls come back as ToolCalls."""
@@ -307,6 +377,9 @@ class Kernel:
         if self._proc is not None:
             self._proc.kill()
             self._proc = None
+        if self._held is not None:
+            zygote.release(self._held)
+            self._held = None
 
 
 def _exec_content(code: str, **opts: Any) -> dict:

@@ -26,10 +26,11 @@ _reaped: dict[str, float] = {}
 """Temp directory -> when this process last cleaned it (a long run cleans up after its own kernels too)."""
 
 
-def make_kernel_dir() -> tuple[str, int]:
+def make_kernel_dir(parent: str | None = None) -> tuple[str, int]:
     """A new private directory and the fd of its held lock. The lock is created under another name, locked, then
-    renamed into place, so no other process ever sees an unheld lock for a live directory."""
-    tmp = tempfile.gettempdir()
+    renamed into place, so no other process ever sees an unheld lock for a live directory. ``parent``: where (the
+    temp directory by default; a fork server's own kernel directory for the kernels it forks, removed with it)."""
+    tmp = parent or tempfile.gettempdir()
     if time.monotonic() - _reaped.get(tmp, -REAP_EVERY_S) >= REAP_EVERY_S:
         _reaped[tmp] = time.monotonic()
         reap_stale_kernel_dirs(tmp)

@@ -45,6 +45,10 @@ class Limits:
     """Host files or directories the kernel may read on purpose (e.g. a data file a task hands the model), mounted
     read-only at the same path. Only the bwrap level has a filesystem view; at the other levels everything the
     kernel's uid can read is readable anyway."""
+    fork_server: bool = True
+    """Fork each kernel from a pre-imported parent inside the sandbox (``sandbox/zygote.py``): a fresh kernel costs a
+    fraction of a boot's CPU, with the same namespaces, view, uid and limits. Used at the bwrap level on a root host;
+    elsewhere (or False) every kernel boots on its own, as bwrap + python."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ("auto", *LEVELS):

@@ -9,6 +9,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
+from . import zygote
 from .kernel import Kernel, KernelProcess, KernelStartError
 from .limits import Limits, is_root
 
@@ -16,7 +17,8 @@ log = logging.getLogger(__name__)
 
 Refill = Literal["idle", "eager"]
 BOOT_NICE = 10
-"""Scheduling niceness of a kernel while it boots (when the host is root: it is set back to 0 when handed out)."""
+"""How much lower than the host's a booting kernel's priority is (``nice -n``; when the host is root it is set back
+to the host's when the kernel is handed out)."""
 
 
 class KernelPool:
@@ -30,7 +32,8 @@ class KernelPool:
     between rollouts, while the trainer updates the model, so no rollout shares the CPU with kernels booting
     (a boot costs a few hundred CPU-milliseconds); ``"eager"`` starts one as soon as a kernel is taken. Either way
     an ``acquire()`` that finds no warm kernel starts one for itself at once. At most ``max_boots`` kernels boot at a
-    time, and when the host is root they boot at a lower priority (nice ``BOOT_NICE``, back to 0 when handed out).
+    time, and when the host is root they boot at a lower priority (``BOOT_NICE`` below the host's, set back to the
+    host's when handed out).
     """
 
     def __init__(self, size: int = 4, limits: Limits | None = None, tools: Sequence[str] = (),
@@ -51,6 +54,9 @@ class KernelPool:
         self._waiting = 0  # acquirers waiting for a warm kernel
         self._boot_slots: asyncio.Semaphore | None = None
         self._closed = False
+        self._zygote = zygote.hold(self.limits) if zygote.fork_server_usable(self.isolation, self.limits) else None
+        """The fork server the pool's kernels come from (when usable), held for the pool's life: it would close
+        whenever a rollout's last kernel is killed before the refill starts the next (``zygote.release``)."""
         self.failures = 0
         self.boots = 0
         """Kernels started so far (the warm start included)."""
@@ -81,6 +87,9 @@ class KernelPool:
             await kernel.shutdown()
         while not self._idle.empty():
             self._idle.get_nowait().kill()
+        if self._zygote is not None:
+            zygote.release(self._zygote)
+            self._zygote = None
 
     @property
     def warm(self) -> int:
@@ -154,7 +163,7 @@ class KernelPool:
             if self.refill == "eager":
                 self._refill()
             if proc.alive:
-                proc.renice(0)
+                proc.renice()
                 return proc
             proc.kill()
 

@@ -1,0 +1,241 @@
+"""The fork server (zygote) that runs INSIDE the sandbox: it imports the kernel program once, then forks kernels.
+
+Never imported by the host: ``sandbox.zygote`` runs ``_kernel_side.py`` + this file with ``python -c`` under bwrap
+(the same allowlist view as a kernel, plus the directory that holds this zygote's kernel directories), as root with
+bwrap's capabilities, and with ``_ZYGOTE = True`` so the kernel program only defines and imports. The zygote makes
+no zmq context and no thread; the kernels make theirs after the fork.
+
+Per request (JSON + two fds on the control socket: a reply socket and the kernel's log) it forks:
+
+    A  unshares mount, pid, ipc, uts, cgroup (and network, unless the network is allowed) namespaces, forks B,
+       sends B's pidfd to the host over the reply socket, waits for B, exits. A dies with the zygote.
+    B  pid 1 of the new pid namespace, root, as bwrap's own init is: makes every mount private, hides every other
+       kernel's directory (a read-only tmpfs over the temp directory, holding only this kernel's directory, bound
+       from an fd), mounts a /proc of the new pid namespace, brings up loopback, forks C, then reaps until C exits
+       (which ends the namespace: the kernel kills every process left in it). B dies with A.
+    C  pid 2: the kernel. Its log on stdout/stderr, nothing else open, the kernel's environment, its working
+       directory; then ``kernel_main`` drops to the kernel's uid, applies its rlimits and serves.
+"""
+
+import ctypes
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import threading
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
+_CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWNET = 0x08000000, 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_PR_SET_PDEATHSIG = 1
+
+
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source, target, fstype, flags, data=None):
+    def enc(s):
+        return None if s is None else s.encode()
+
+    _check(_LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _die_with_parent():
+    _check(_LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+
+
+def _close_fds_except(keep):
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _loopback_up():
+    """Bring up ``lo`` in a new network namespace, as bwrap does (127.0.0.1 works inside, reaches nothing outside)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", b"lo", 0)))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))  # SIOCSIFFLAGS: IFF_UP
+
+
+def _hide_other_kernels(req):
+    """This kernel's directory, alone, at its path in the view: a read-only tmpfs over the temp directory (which
+    in the zygote's view holds the directory of all of this zygote's kernels) and this kernel's directory bound
+    onto it from an fd opened before the tmpfs covered it."""
+    fd = os.open(req["kdir"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    shared = os.open(os.path.dirname(req["kdir"]), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    tmp, view = req["tmp"], req["view_kdir"]
+    _mount("tmpfs", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k,nr_inodes=16")
+    os.mkdir(view, 0o755)
+    _mount(f"/proc/self/fd/{fd}", view, None, _MS_BIND)
+    _mount(None, view, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV)
+    _mount(None, tmp, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    # the directory of all of this zygote's kernels, now covered, is taken out of this namespace altogether
+    _check(_LIBC.umount2(f"/proc/self/fd/{shared}".encode(), _MNT_DETACH), "umount the kernels' directory")
+    os.close(fd)
+    os.close(shared)
+
+
+def _fresh_proc():
+    """A /proc of the kernel's own pid namespace, with the parts bwrap makes read-only made read-only."""
+    _check(_LIBC.umount2(b"/proc", _MNT_DETACH), "umount /proc")
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for sub in ("sys", "sysrq-trigger", "irq", "bus"):
+        path = "/proc/" + sub
+        try:
+            _mount(path, path, None, _MS_BIND | _MS_REC)
+            _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        except OSError:
+            pass
+
+
+def _kernel_c(req, log_fd):
+    """pid 2 of the namespace: becomes the kernel."""
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    _close_fds_except(())
+    added = {k: v for k, v in os.environ.items() if k not in _START_ENV}  # noqa: F821  (_kernel_side.py)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.environ["PWD"] = req["work"]  # as bwrap's --chdir sets it
+    os.environ.update(added)
+    import site
+
+    site.USER_BASE = site.USER_SITE = None  # as the kernel's HOME makes them (none of them exist)
+    site.getusersitepackages()
+    os.chdir(req["work"])
+    import random
+
+    random.seed()  # already reseeded at fork; once more, explicitly: no kernel shares another's random state
+    kernel_main(req["cfg"], req["conn"])  # noqa: F821  (defined by _kernel_side.py, the first part of this source)
+    os._exit(0)
+
+
+def _init_b(req, log_fd):
+    """pid 1 of the new pid namespace: builds the kernel's view, starts the kernel, reaps until it exits."""
+    try:
+        _die_with_parent()
+        os.setsid()
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        _hide_other_kernels(req)
+        _fresh_proc()
+        if not req["network"]:
+            _loopback_up()
+        os.chdir("/")
+        kernel = os.fork()
+    except BaseException as err:
+        os.write(log_fd, f"sandbox zygote: {type(err).__name__}: {err}\n".encode())
+        os._exit(70)
+    if kernel == 0:
+        try:
+            _kernel_c(req, log_fd)
+        except BaseException as err:
+            os.write(2, f"sandbox kernel: {type(err).__name__}: {err}\n".encode())
+        os._exit(70)
+    os.close(log_fd)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+        if pid == kernel:
+            os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _fork_a(req, reply, log_fd, zygote_pid):
+    """A: new namespaces for one kernel; hands B's pidfd to the host, then lives as long as B."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        _die_with_parent()
+        if os.getppid() != zygote_pid:
+            os._exit(1)
+        _close_fds_except((reply.fileno(), log_fd))
+        flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWCGROUP
+        if not req["network"]:
+            flags |= _CLONE_NEWNET
+        _check(_LIBC.unshare(flags), "unshare")
+        pid = os.fork()
+        if pid == 0:
+            reply.close()
+            _init_b(req, log_fd)
+        pidfd = os.pidfd_open(pid)
+        socket.send_fds(reply, [json.dumps({"pid": pid}).encode()], [pidfd])
+        os.close(pidfd)
+    except BaseException as err:
+        try:
+            reply.send(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
+        finally:
+            os._exit(1)
+    reply.close()
+    os.close(log_fd)
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+    os._exit(0)
+
+
+def _serve(ctl_fd):
+    """The zygote's loop: one request at a time, a fork each; exits when the host closes the control socket."""
+    ctl = socket.socket(fileno=ctl_fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernels' A processes are reaped by the kernel, not by us
+    me = os.getpid()
+    ctl.send(json.dumps({"ready": True, "threads": threading.active_count()}).encode())
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 2)
+        except InterruptedError:
+            continue
+        if not msg:
+            os._exit(0)  # the host is gone
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            continue
+        reply = socket.socket(fileno=fds[0])
+        try:
+            req = json.loads(msg)
+            pid = os.fork()
+        except BaseException as err:  # no fork (EAGAIN): this kernel fails to start, the zygote serves on
+            reply.send(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
+            pid = -1
+        if pid == 0:
+            ctl.close()
+            _fork_a(req, reply, fds[1], me)
+        reply.close()
+        os.close(fds[1])
+
+
+def _preimport():
+    """What a kernel imports later anyway, imported once here (debugpy, the kernel's shell): a fork gets it free."""
+    import importlib
+
+    for name in _CFG.get("zygote", {}).get("preimport", []):  # noqa: F821  (_kernel_side.py)
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+
+
+if globals().get("_ZYGOTE"):
+    _preimport()
+    _serve(_CFG["zygote"]["ctl_fd"])  # noqa: F821

@@ -1,0 +1,274 @@
+"""The fork server: one pre-imported parent inside the sandbox that forks each kernel (``Limits.fork_server``).
+
+A kernel's boot is mostly imports (ipykernel, IPython, jedi, prompt_toolkit). A zygote pays them once: it runs the
+kernel program under bwrap with the same allowlist view a kernel gets (plus the one directory that holds its
+kernels' directories), imports everything, and then forks a kernel per request (``_zygote_side.py``). Each kernel
+gets fresh mount, pid, ipc, uts, cgroup and network namespaces of its own, a view in which the temp directory holds
+only its own directory, a /proc of its own pid namespace, loopback up, its own uid and rlimits: what a kernel of
+today's bwrap boot has (tests/test_zygote.py checks both boots side by side).
+
+Used where that isolation is proven: the bwrap level with a root host (unshare and mount need the capabilities
+bwrap keeps for root). Elsewhere (a non-root host, the unshare and rlimits levels, an interpreter under the temp
+directory) kernels boot as before, each its own bwrap.
+
+A zygote serves every kernel of one view (level, ro_paths, network, temp directory) in this process and lives while
+one of its kernels (or a ``Kernel`` that uses it) does: the last one's end closes it, so a closed pool leaves no
+process, directory or fd behind. It dies with its host (bwrap's --die-with-parent, started from a thread that lives
+as long as the process, and the control socket's end), and a dead one is restarted by the next kernel's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .kernel_dirs import make_kernel_dir, remove_kernel_dir
+from .launch import KERNEL_SOURCE, bwrap_view, kernel_env, python_paths
+from .limits import Limits, is_root
+
+ZYGOTE_SOURCE = "_ZYGOTE = True\n" + KERNEL_SOURCE + "\n" + Path(__file__).with_name("_zygote_side.py").read_text()
+"""The zygote program: the kernel program with ``_ZYGOTE`` set, then the fork server's loop."""
+
+PREIMPORT = ("debugpy", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.comm", "ipykernel.debugger",
+             "ipykernel.eventloops", "ipykernel.heartbeat", "ipykernel.iostream", "ipykernel.parentpoller",
+             "IPython.core.completer", "IPython.core.interactiveshell", "jupyter_client.session", "comm",
+             "jedi", "sqlite3", "uuid", "hmac", "pickle", "code", "codeop", "reprlib", "hashlib")
+"""Modules a kernel imports during its start (ipykernel imports some only then): the zygote imports them first."""
+READY_TIMEOUT_S = 60.0
+
+
+def fork_server_usable(level: str, limits: Limits) -> bool:
+    """Whether kernels at ``level`` come from a zygote: asked for, the bwrap level, a root host, and no directory of
+    the view inside the temp directory (the kernel's view covers the temp directory with its own)."""
+    if not (limits.fork_server and level == "bwrap" and is_root() and hasattr(os, "pidfd_open")):
+        return False
+    tmp = os.path.realpath(tempfile.gettempdir())
+    return not any(os.path.realpath(p) == tmp or os.path.realpath(p).startswith(tmp.rstrip("/") + "/")
+                   for p in [*python_paths(), *limits.ro_paths])
+
+
+# -- a thread that lives as long as the process: bwrap's --die-with-parent follows the thread that started it ---------
+_starter: queue.Queue | None = None
+_starter_lock = threading.Lock()
+
+
+def _popen_on_lasting_thread(argv: list[str], **kwargs: Any) -> concurrent.futures.Future:
+    global _starter
+    with _starter_lock:
+        if _starter is None:
+            _starter = queue.Queue()
+
+            def serve(jobs: queue.Queue) -> None:
+                while True:
+                    job, fut = jobs.get()
+                    try:
+                        fut.set_result(job())
+                    except BaseException as err:
+                        fut.set_exception(err)
+
+            threading.Thread(target=serve, args=(_starter,), name="replrl-zygote-starter", daemon=True).start()
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    _starter.put((lambda: subprocess.Popen(argv, **kwargs), fut))
+    return fut
+
+
+@dataclass
+class Forked:
+    """A kernel made by a zygote: the pidfd of its namespace's pid 1, and where its directory is in its view."""
+
+    pidfd: int
+    pid: int
+    """pid 1 of the kernel's namespace, as this host sees it."""
+
+
+class Zygote:
+    """One fork server (see the module docstring)."""
+
+    def __init__(self, key: tuple, limits: Limits):
+        self.key = key
+        self.limits = limits
+        self.tmp = tempfile.gettempdir()
+        self.users = 0
+        self.proc: subprocess.Popen | None = None
+        self.ctl: socket.socket | None = None
+        self.dir: str | None = None
+        self._dir_lock: int | None = None
+        self._log = None
+        self._starting: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.ctl is not None
+
+    def kernel_dir(self) -> tuple[str, int, str]:
+        """A new kernel directory inside this zygote's directory: (host path, lock fd, path in the kernel's view)."""
+        assert self.dir is not None
+        kdir, lock = make_kernel_dir(self.dir)
+        return kdir, lock, os.path.join(self.tmp, os.path.basename(kdir))
+
+    async def ensure(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.alive:
+            return
+        if self._starting is not None and self._loop is loop and not self._starting.done():
+            await asyncio.shield(self._starting)
+            return
+        self._loop = loop
+        self._starting = loop.create_future()
+        try:
+            await self._start()
+            self._starting.set_result(None)
+        except BaseException as err:
+            self._starting.set_exception(err)
+            self._starting.exception()  # retrieved: the awaiting callers see it
+            self._stop()
+            raise
+
+    async def _start(self) -> None:
+        self._stop()
+        self.dir, self._dir_lock = make_kernel_dir()
+        os.chmod(self.dir, 0o711)  # kernels of other uids reach their own directories inside
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = kernel_env(self.limits, os.path.join(self.tmp, "replrl-kernel-zygote"), None, True)
+        config = json.loads(env["REPLRL_SANDBOX"])
+        env["REPLRL_SANDBOX"] = json.dumps({"import_path": config["import_path"],
+                                            "zygote": {"ctl_fd": theirs.fileno(), "preimport": list(PREIMPORT)}})
+        argv = [shutil.which("bwrap") or "bwrap", *bwrap_view(self.dir, self.limits.ro_paths)]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if not self.limits.network:
+            argv += ["--unshare-net"]
+        argv += ["--die-with-parent", "--new-session", "--chdir", "/", "--clearenv"]
+        for key, value in env.items():
+            argv += ["--setenv", key, value]
+        argv += ["--", sys.executable, "-c", ZYGOTE_SOURCE]
+        self._log = open(os.path.join(self.dir, "zygote.log"), "wb")
+        try:
+            self.proc = await asyncio.wrap_future(_popen_on_lasting_thread(
+                argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
+                start_new_session=True))
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.ctl = ours
+        msg = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(ours, 4096), READY_TIMEOUT_S)
+        ready = json.loads(msg) if msg else {}
+        if not ready.get("ready"):
+            raise RuntimeError(f"the sandbox's fork server did not start: {self.log_tail()}")
+        if ready.get("threads") != 1:
+            raise RuntimeError(f"the sandbox's fork server has {ready.get('threads')} threads before forking")
+        self.ctl.setblocking(True)
+        self.ctl.settimeout(10.0)
+
+    def log_tail(self, n: int = 600) -> str:
+        try:
+            with open(os.path.join(self.dir or "", "zygote.log"), "rb") as f:
+                return f.read()[-n:].decode(errors="replace").strip() or "(no output)"
+        except OSError:
+            return "(no log)"
+
+    async def fork(self, request: dict, log_fd: int, timeout: float) -> Forked:
+        """Ask for one kernel; returns its pidfd once the zygote's child has made its namespaces."""
+        await self.ensure()
+        assert self.ctl is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        loop = asyncio.get_running_loop()
+        try:
+            with theirs:
+                socket.send_fds(self.ctl, [json.dumps(request).encode()], [theirs.fileno(), log_fd])
+            got: asyncio.Future = loop.create_future()
+
+            def on_reply() -> None:
+                if got.done():
+                    return
+                try:
+                    got.set_result(socket.recv_fds(ours, 4096, 1))
+                except OSError as err:
+                    got.set_exception(err)
+
+            loop.add_reader(ours.fileno(), on_reply)
+            try:
+                msg, fds, _, _ = await asyncio.wait_for(got, timeout)
+            finally:
+                loop.remove_reader(ours.fileno())
+        finally:
+            ours.close()
+        reply = json.loads(msg) if msg else {"error": f"no reply (fork server dead?): {self.log_tail()}"}
+        if "error" in reply or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"the sandbox's fork server could not fork a kernel: {reply.get('error')}")
+        return Forked(pidfd=fds[0], pid=_pidfd_pid(fds[0]))
+
+    def _stop(self) -> None:
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, 9)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self.dir is not None:
+            remove_kernel_dir(self.dir, self._dir_lock)
+            self.dir = self._dir_lock = None
+
+    def close(self) -> None:
+        """Kill the zygote (its kernels' namespaces die with it) and remove its directory. Idempotent."""
+        self._starting = None
+        self._stop()
+
+
+def _pidfd_pid(pidfd: int) -> int:
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    return -1
+
+
+_zygotes: dict[tuple, Zygote] = {}
+_lock = threading.Lock()
+
+
+def zygote_key(limits: Limits) -> tuple:
+    return ("bwrap", tuple(limits.ro_paths), limits.network, tempfile.gettempdir())
+
+
+def hold(limits: Limits) -> Zygote:
+    """The zygote for ``limits``' view, counted as used until ``release``."""
+    key = zygote_key(limits)
+    with _lock:
+        zygote = _zygotes.get(key)
+        if zygote is None:
+            zygote = _zygotes[key] = Zygote(key, limits)
+        zygote.users += 1
+        return zygote
+
+
+def release(zygote: Zygote) -> None:
+    """One user fewer; the last one's release closes the zygote (nothing of it outlives its kernels)."""
+    with _lock:
+        zygote.users -= 1
+        if zygote.users > 0:
+            return
+        if _zygotes.get(zygote.key) is zygote:
+            del _zygotes[zygote.key]
+    zygote.close()
