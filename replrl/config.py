@@ -124,6 +124,10 @@ class RolloutConfig:
     """When the kernel pool starts the fresh kernels that replace used ones: idle (once no episode runs, i.e. during
     the update, at a lower priority: no rollout shares the CPU with kernels booting) or eager (as soon as one is
     taken, beside the rollout, as replrl did before; bench/backends.py --refill compares the two)."""
+    kernel_fork_server: bool = True
+    """Fork each episode's kernel from a pre-imported parent inside the sandbox (a fresh kernel costs about a tenth of
+    a boot's CPU; same namespaces, view, uid and limits: docs/sandbox.md). Used at the bwrap level when replrl runs
+    as root; elsewhere, or false, every kernel boots a Python of its own."""
     seed: int = 0
     """Seed of the sampler's random generator."""
     dynamic_sampling: bool = False
@@ -179,7 +183,8 @@ class RolloutConfig:
     def limits(self):
         from sandbox import Limits
 
-        return Limits(wall_s=self.wall_s, isolation=self.isolation, memory_mb=self.memory_mb)  # type: ignore[arg-type]
+        return Limits(wall_s=self.wall_s, isolation=self.isolation, memory_mb=self.memory_mb,  # type: ignore[arg-type]
+                      fork_server=self.kernel_fork_server)
 
 
 @dataclass
