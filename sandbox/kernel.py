@@ -230,7 +230,9 @@ class KernelProcess:
         elif self._pidfd is not None:  # forked: pid 1 of the kernel's pid namespace; its death ends the namespace
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            select.select([self._pidfd], [], [], 5.0)
+            poll = select.poll()  # not select.select: it refuses fds above 1023 (a pool of 128 kernels has them)
+            poll.register(self._pidfd, select.POLLIN)
+            poll.poll(5000)
         release_uid(self.uid)
         if self._pidfd is not None:
             with contextlib.suppress(ValueError, OSError):

@@ -89,3 +89,24 @@ def test_kernels_boot_at_low_priority_and_run_at_the_hosts():
                 assert (await kernel.execute("import os; print(os.nice(0))")).output == f"{host}\n"
                 assert niceness_of_uid(kernel._proc.uid) == {host}
     run_sync(main())
+
+
+def test_kernels_are_released_when_the_hosts_descriptors_run_above_1023():
+    # vLLM raises the soft RLIMIT_NOFILE and a pool of 128 kernels holds over a thousand descriptors: nothing in the
+    # sandbox may wait on a descriptor with select() (it refuses those above 1023)
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files ({hard}) is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        async def main() -> None:
+            async with KernelPool(size=2, limits=LIMITS) as pool:
+                assert await episodes(pool, 2) == ["42\n"] * 2
+        run_sync(main())
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
