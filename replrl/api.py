@@ -52,14 +52,17 @@ def train(cfg: Config, run_dir: str | Path | None = None, *, on_step: Callable[[
 
 
 def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None,
-             samples_per_problem: int = 1) -> dict[str, float]:
+             samples_per_problem: int | None = None) -> dict[str, float]:
     """Accuracy and per-line statistics on the first ``n`` problems of the held-out split, with the same sampling
-    code as training (the numbers of ``replrl eval``). ``cfg`` (task, rollout and run settings) defaults to the
-    trainer's or run's own config, else ``Config()``."""
+    code as training (the numbers of ``replrl eval``), at ``cfg.run.eval_temperature``. ``cfg`` (task, rollout and
+    run settings) defaults to the trainer's or run's own config, else ``Config()``. ``samples_per_problem`` (default
+    ``cfg.run.eval_samples``): k episodes a problem, and ``pass@k`` beside ``accuracy``."""
     from .trainer import evaluate as evaluate_on
 
-    with _policy(model, cfg) as (generator, task, cfg), _kernels(cfg, task, min(16, n * samples_per_problem)) as pool:
-        return evaluate_on(generator, pool, task, cfg, n, samples_per_problem)
+    with _policy(model, cfg) as (generator, task, cfg):
+        k = samples_per_problem or cfg.run.eval_samples
+        with _kernels(cfg, task, min(16, n * k)) as pool:
+            return evaluate_on(generator, pool, task, cfg, n, k)
 
 
 def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
@@ -80,13 +83,14 @@ def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None
             raise ValueError(f"task {cfg.task.name!r} has no problems in split {split or cfg.task.eval_split!r}")
         chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(-(-n // group_size))]
         wave = max(1, min(16, n) // group_size)  # problems per wave: at most 16 kernels
+        rewards = RewardModel.from_config(cfg.rewards)
         trajs: list[Trajectory] = []
         with _kernels(cfg, task, wave * group_size) as pool:
             for start in range(0, len(chosen), wave):
-                part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave],
-                                           RewardModel.from_config(cfg.rewards), cfg.rollout.sampling(),
-                                           EpisodeRules.from_config(cfg.rollout), group_size=group_size,
-                                           chat_template=cfg.model.chat_template))
+                part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave], rewards,
+                                           cfg.rollout.sampling(), EpisodeRules.from_config(cfg.rollout),
+                                           group_size=group_size, chat_template=cfg.model.chat_template))
+                rewards.score_episodes_sync(part, chosen[start:start + wave])  # episode-level reward functions
                 trajs += part
     return trajs[:n]
 
