@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .config import Config
-from .configlib import resolve
+from .configlib import ConfigError, resolve
 from .trainer import StepResult, Trainer
 from .types import Trajectory
 
@@ -36,19 +36,60 @@ def load_config(path: str | Path | None = None, **sections: dict[str, Any]) -> C
     return resolve(Config, str(path) if path else None, dict(sections))
 
 
-def train(cfg: Config, run_dir: str | Path | None = None, *, on_step: Callable[[StepResult], Any] | None = None,
-          resume: bool = False, progress: bool = False) -> Trainer:
+def train(cfg: Config | None = None, run_dir: str | Path | None = None, *,
+          on_step: Callable[[StepResult], Any] | None = None, resume: bool = False, progress: bool = False,
+          task: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
+          reward_funcs: Sequence[Callable[..., Any]] = ()) -> Trainer:
     """Train until ``cfg.run.max_steps`` and return the Trainer (its model is the trained policy).
+
+    As TRL's ``GRPOTrainer(train_dataset=..., reward_funcs=...)``: ``task`` is a Task object to train on (instead of
+    ``cfg.task``'s); ``train_dataset`` (and ``eval_dataset``) a ``datasets.Dataset`` or a list of dict rows, made the
+    ``dataset`` task with ``cfg.task``'s columns, checker and system prompt (its splits are named "train" and
+    "test"); ``reward_funcs`` episode-level reward functions (plain or async functions declaring among ``row``,
+    ``traj``, ``answer``, ``correct``), weighted by ``cfg.rewards.weights.<name>`` (default 1.0). The run's saved
+    config records a Python task as ``task.name = "python:<class>"``, and not the functions: resuming such a run
+    takes the same objects again (``resume=True``).
 
     ``run_dir`` gets the config, metrics.jsonl, samples.jsonl and checkpoints, as with ``replrl train --run-dir``
     (None: a new temporary directory, ``trainer.run_dir``). ``on_step(result)`` runs after every step with a
     ``StepResult`` (``step``, ``metrics``, ``trajectories``); ``LiveCurve()`` is one. ``resume=True`` continues the
     run in ``run_dir`` at its next step. ``progress`` shows the tqdm bar. Interrupting the kernel (Ctrl-C) finishes
     the step in flight and saves a checkpoint, as in the terminal."""
+    cfg = copy.deepcopy(cfg) if cfg is not None else Config()
+    if task is not None and train_dataset is not None:
+        raise ConfigError("give train() a task or a train_dataset, not both")
+    if train_dataset is not None:
+        task = dataset_task(cfg, train_dataset, eval_dataset)
+    elif eval_dataset is not None:
+        raise ConfigError("eval_dataset goes with train_dataset")
+    if task is not None:
+        cfg.task.name = f"python:{type(task).__name__}"  # what config.toml records: not a task it can load
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="replrl-run-"))
-    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
+    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, task=task, reward_funcs=reward_funcs)
     trainer.train(on_step=on_step)
     return trainer
+
+
+def dataset_task(cfg: Config, train_dataset: Any, eval_dataset: Any = None) -> Any:
+    """The ``dataset`` task over Python data (``datasets.Dataset`` or lists of dict rows) with ``cfg.task``'s
+    columns, checker, system prompt and options; the splits are "train" and "test". Without ``eval_dataset`` the
+    run evaluates nothing held out unless its splits say where to (``cfg.task.eval_split = "train[:50]"``)."""
+    import datasets
+
+    from .tasks.dataset import DatasetTask
+
+    def as_dataset(data: Any) -> Any:
+        return datasets.Dataset.from_list(data) if isinstance(data, list) else data
+
+    splits = {"train": as_dataset(train_dataset)}
+    if eval_dataset is not None:
+        splits["test"] = as_dataset(eval_dataset)
+    elif cfg.run.eval_n and cfg.task.eval_split == "test":
+        raise ConfigError("train(train_dataset=...) without eval_dataset: pass eval_dataset, set cfg.run.eval_n = 0, "
+                          "or evaluate on a slice, cfg.task.eval_split = \"train[:50]\"")
+    options = {**cfg.task.options, "columns": cfg.task.columns, "checker": cfg.task.checker,
+               "system_prompt": cfg.task.system_prompt}
+    return DatasetTask(data=datasets.DatasetDict(splits), **options)
 
 
 def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None,

@@ -38,6 +38,9 @@ def task_from_config(cfg: Config):
         options.setdefault("seed", cfg.task.seed)
     if cfg.task.data:
         options.setdefault("data", cfg.task.data)
+    for key in ("columns", "checker", "system_prompt"):  # the dataset task's (any task that takes them)
+        if getattr(cfg.task, key):
+            options.setdefault(key, getattr(cfg.task, key))
     return load_task(cfg.task.name, **options)
 
 

@@ -24,7 +24,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -140,7 +140,10 @@ class Trainer:
     """Skip the backward of a micro-batch whose gradient is exactly zero (no advantage, no KL term): the update is
     the same, faster (False: run every backward, as a check of that claim)."""
 
-    def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True):
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True, *,
+                 task: Any = None, reward_funcs: Sequence[Callable[..., Any]] = ()):
+        """``task``: a Task object to train on instead of ``cfg.task``'s (from Python: ``replrl.train(task=...)``).
+        ``reward_funcs``: episode-level reward functions (callables) beside ``cfg.rewards.functions``."""
         from accelerate import Accelerator
 
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
@@ -162,7 +165,7 @@ class Trainer:
         self._check_run_dir(resume)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
-        self.task = task_from_config(cfg)
+        self.task = task if task is not None else task_from_config(cfg)
         if getattr(self.task, "data", None) and not hides_host_files(self.isolation):
             log.warning("sandbox isolation %r has no filesystem view: the model's code can read the dataset %s "
                         "(and its answers); install bubblewrap for the allowlisted view", self.isolation,
@@ -205,7 +208,8 @@ class Trainer:
                                         sync_transport=cfg.model.sync_transport,
                                         gpu_memory_utilization=cfg.model.gpu_memory_utilization,
                                         max_rows=cfg.rollout.group_size * self._local_problems())
-        self.rewards = RewardModel.from_config(cfg.rewards)
+        self.rewards = RewardModel(cfg.rewards.weights, cfg.rewards.gates,
+                                   functions=[*cfg.rewards.functions, *reward_funcs])
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.tree = TreeShape.from_config(cfg.tree)
         self.pad_id = self.generator.pad_id
