@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from replrl.configlib import ConfigError, resolve
 from replrl.metrics import read_metrics
 from replrl.rewards import RewardModel
 from replrl.types import Line, Trajectory
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def episode(correct: bool | None, answer: object = None, lines: int = 1, row: int = 0) -> Trajectory:
@@ -108,7 +111,6 @@ async def judge(row, answer):
 '''
 
 
-@pytest.mark.skipif(shutil.which("replrl") is None, reason="the replrl console script is not installed")
 def test_a_run_on_a_jsonl_with_reward_functions_from_one_config_file(format_model_dir, tmp_path):
     """What issue 49 asks: a JSONL of problems, a reward function, one config file, no Python class; held-out
     results greedy with two samples per problem (pass@2), printed as they come."""
@@ -148,8 +150,9 @@ def test_a_run_on_a_jsonl_with_reward_functions_from_one_config_file(format_mode
         log_samples_every = 0
         tensorboard = false
     """))
-    proc = subprocess.run(["replrl", "train", "run.toml", "--run-dir", "run", "--no-progress"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's replrl, run from the run's own directory
+    command = [sys.executable, "-m", "replrl.cli", "train", "run.toml", "--run-dir", "run", "--no-progress"]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reward weights: correct=1 wrong=0 no_submit=-0.2 syntax_error=-0.3" in proc.stdout
     assert "short=0.5 (fn) judge=1 (fn)" in proc.stdout
