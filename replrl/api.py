@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .config import Config
-from .configlib import resolve
+from .configlib import ConfigError, resolve
 from .trainer import StepResult, Trainer
 from .types import Trajectory
 
@@ -36,30 +36,74 @@ def load_config(path: str | Path | None = None, **sections: dict[str, Any]) -> C
     return resolve(Config, str(path) if path else None, dict(sections))
 
 
-def train(cfg: Config, run_dir: str | Path | None = None, *, on_step: Callable[[StepResult], Any] | None = None,
-          resume: bool = False, progress: bool = False) -> Trainer:
+def train(cfg: Config | None = None, run_dir: str | Path | None = None, *,
+          on_step: Callable[[StepResult], Any] | None = None, resume: bool = False, progress: bool = False,
+          task: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
+          reward_funcs: Sequence[Callable[..., Any]] = ()) -> Trainer:
     """Train until ``cfg.run.max_steps`` and return the Trainer (its model is the trained policy).
+
+    As TRL's ``GRPOTrainer(train_dataset=..., reward_funcs=...)``: ``task`` is a Task object to train on (instead of
+    ``cfg.task``'s); ``train_dataset`` (and ``eval_dataset``) a ``datasets.Dataset`` or a list of dict rows, made the
+    ``dataset`` task with ``cfg.task``'s columns, checker and system prompt (its splits are named "train" and
+    "test"); ``reward_funcs`` episode-level reward functions (plain or async functions declaring among ``row``,
+    ``traj``, ``answer``, ``correct``), weighted by ``cfg.rewards.weights.<name>`` (default 1.0). The run's saved
+    config records a Python task as ``task.name = "python:<class>"``, and not the functions: resuming such a run
+    takes the same objects again (``resume=True``).
 
     ``run_dir`` gets the config, metrics.jsonl, samples.jsonl and checkpoints, as with ``replrl train --run-dir``
     (None: a new temporary directory, ``trainer.run_dir``). ``on_step(result)`` runs after every step with a
     ``StepResult`` (``step``, ``metrics``, ``trajectories``); ``LiveCurve()`` is one. ``resume=True`` continues the
     run in ``run_dir`` at its next step. ``progress`` shows the tqdm bar. Interrupting the kernel (Ctrl-C) finishes
     the step in flight and saves a checkpoint, as in the terminal."""
+    cfg = copy.deepcopy(cfg) if cfg is not None else Config()
+    if task is not None and train_dataset is not None:
+        raise ConfigError("give train() a task or a train_dataset, not both")
+    if train_dataset is not None:
+        task = dataset_task(cfg, train_dataset, eval_dataset)
+    elif eval_dataset is not None:
+        raise ConfigError("eval_dataset goes with train_dataset")
+    if task is not None:
+        cfg.task.name = f"python:{type(task).__name__}"  # what config.toml records: not a task it can load
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="replrl-run-"))
-    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
+    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, task=task, reward_funcs=reward_funcs)
     trainer.train(on_step=on_step)
     return trainer
 
 
+def dataset_task(cfg: Config, train_dataset: Any, eval_dataset: Any = None) -> Any:
+    """The ``dataset`` task over Python data (``datasets.Dataset`` or lists of dict rows) with ``cfg.task``'s
+    columns, checker, system prompt and options; the splits are "train" and "test". Without ``eval_dataset`` the
+    run evaluates nothing held out unless its splits say where to (``cfg.task.eval_split = "train[:50]"``)."""
+    import datasets
+
+    from .tasks.dataset import DatasetTask
+
+    def as_dataset(data: Any) -> Any:
+        return datasets.Dataset.from_list(data) if isinstance(data, list) else data
+
+    splits = {"train": as_dataset(train_dataset)}
+    if eval_dataset is not None:
+        splits["test"] = as_dataset(eval_dataset)
+    elif cfg.run.eval_n and cfg.task.eval_split == "test":
+        raise ConfigError("train(train_dataset=...) without eval_dataset: pass eval_dataset, set cfg.run.eval_n = 0, "
+                          "or evaluate on a slice, cfg.task.eval_split = \"train[:50]\"")
+    options = {**cfg.task.options, "columns": cfg.task.columns, "checker": cfg.task.checker,
+               "system_prompt": cfg.task.system_prompt}
+    return DatasetTask(data=datasets.DatasetDict(splits), **options)
+
+
 def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None,
-             samples_per_problem: int = 1) -> dict[str, float]:
+             samples_per_problem: int | None = None) -> dict[str, float]:
     """Accuracy and per-line statistics on the first ``n`` problems of the held-out split, with the same sampling
-    code as training (the numbers of ``replrl eval``). ``cfg`` (task, rollout and run settings) defaults to the
-    trainer's or run's own config, else ``Config()``."""
+    code as training (the numbers of ``replrl eval``), at ``cfg.run.eval_temperature``. ``cfg`` (task, rollout and
+    run settings) defaults to the trainer's or run's own config, else ``Config()``. ``samples_per_problem`` (default
+    ``cfg.run.eval_samples``): k episodes a problem, and ``pass@k`` beside ``accuracy``."""
     from .trainer import evaluate as evaluate_on
 
-    with _policy(model, cfg) as (generator, task, cfg), _kernels(cfg, task, min(16, n * samples_per_problem)) as pool:
-        return evaluate_on(generator, pool, task, cfg, n, samples_per_problem)
+    with _policy(model, cfg) as (generator, task, cfg):
+        k = samples_per_problem or cfg.run.eval_samples
+        with _kernels(cfg, task, min(16, n * k)) as pool:
+            return evaluate_on(generator, pool, task, cfg, n, k)
 
 
 def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
@@ -80,13 +124,14 @@ def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None
             raise ValueError(f"task {cfg.task.name!r} has no problems in split {split or cfg.task.eval_split!r}")
         chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(-(-n // group_size))]
         wave = max(1, min(16, n) // group_size)  # problems per wave: at most 16 kernels
+        rewards = RewardModel.from_config(cfg.rewards)
         trajs: list[Trajectory] = []
         with _kernels(cfg, task, wave * group_size) as pool:
             for start in range(0, len(chosen), wave):
-                part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave],
-                                           RewardModel.from_config(cfg.rewards), cfg.rollout.sampling(),
-                                           EpisodeRules.from_config(cfg.rollout), group_size=group_size,
-                                           chat_template=cfg.model.chat_template))
+                part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave], rewards,
+                                           cfg.rollout.sampling(), EpisodeRules.from_config(cfg.rollout),
+                                           group_size=group_size, chat_template=cfg.model.chat_template))
+                rewards.score_episodes_sync(part, chosen[start:start + wave])  # episode-level reward functions
                 trajs += part
     return trajs[:n]
 

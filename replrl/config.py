@@ -78,12 +78,32 @@ class TaskConfig:
     """Seed of generated tasks and of the order problems are drawn in."""
     options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the task's constructor."""
+    columns: dict[str, Any] = field(default_factory=dict)
+    """The dataset task's column map: {question = "problem", answer = "solution"} names the columns holding the
+    problem text and the reference answer (default: question and answer), and data = "table" (or a list of
+    columns) puts those columns' values in the kernel as variables of the same names before the first line. Passed
+    to any task whose constructor takes columns."""
+    checker: str = ""
+    """How the dataset task judges a submitted answer: exact (the same string, surrounding spaces ignored), number
+    (the same number, as gsm8k: "1,080" = 1080, 0.1 * 3 = 0.3), numbers (the same set of numbers: "3, 1, 2" for
+    [1, 2, 3]), math (math-verify, for LaTeX answers; pip install 'replrl[math]'), or a user's function by import
+    path module:function (it declares among submitted, reference and row the arguments it wants and returns a
+    bool). Empty: the task's own (number for dataset and gsm8k)."""
+    system_prompt: str = ""
+    """The instructions that open the dataset task's header, before the problem (empty: the default, which says to
+    use the Python REPL and call submit(answer)). It is the start of the user turn, not a system turn."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.level <= 5:
             raise ConfigError("task.level must be between 0 and 5 (arithmetic: 1-5, programs and explore: 0-3)")
         if self.limit < 0:
             raise ConfigError("task.limit must be >= 0")
+        from .tasks.checkers import check_checker_name
+
+        check_checker_name("task.checker", self.checker)
+        unknown = sorted(set(self.columns) - {"question", "answer", "data"})
+        if unknown:
+            raise ConfigError(f"task.columns: {unknown[0]!r} is not one of question, answer, data")
 
 
 @dataclass
@@ -149,7 +169,8 @@ class RolloutConfig:
     group_size; flat groups only (not with tree.branch_at)."""
     dynamic_sampling_signal: str = "outcome"
     """Which episode reward must differ within a group for it to be kept: outcome (the final-answer terms: correct,
-    wrong, no_submit) or reward (the total, per-line terms included: nearly every group differs there)."""
+    wrong, no_submit, and the reward functions of rewards.functions) or reward (the total, per-line terms included:
+    nearly every group differs there)."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -233,6 +254,12 @@ class RewardConfig:
     path/file.py:function) and final (correct, wrong, no_submit). 0 switches a term off. A weight is a number or a
     schedule over training steps: {start, end, steps} (linear; shape = "cosine" too), {start, end, at, shape =
     "step"}, {value}; a table may also name the term's gate."""
+    functions: list[str] = field(default_factory=list)
+    """Episode-level reward functions by import path, ["my_rewards:brevity", "pkg.mod:judge"] (imported as Python
+    imports them, the working directory first), scored once per episode when it ends. Each declares the arguments
+    it wants among row (the dataset row, every column), traj (the Trajectory), answer (the submitted value) and
+    correct (the checker's verdict), returns a float (None: no reward for this episode) and may be async. Its weight
+    is rewards.weights.<function name> (default 1.0) and it is logged as reward/<function name>."""
     gates: dict[str, str] = field(default_factory=dict)
     """Per line term: always (the default), correct (only on episodes whose answer is correct) or wrong (only on
     wrong or unsubmitted ones), e.g. {syntax_error = "wrong"}. A gated-off term is recorded as 0 on the lines."""
@@ -240,7 +267,7 @@ class RewardConfig:
     def __post_init__(self) -> None:
         from .rewards import RewardModel
 
-        RewardModel(self.weights, self.gates)  # every term resolves, every schedule and gate is valid
+        RewardModel(self.weights, self.gates, functions=self.functions)  # every term and function resolves
 
 
 @dataclass
@@ -333,20 +360,27 @@ class OptimConfig:
 class RunConfig:
     max_steps: int = 200
     """Training steps."""
-    time_budget_min: float = 15.0
+    time_budget_min: float = 0.0
     """Stop (saving a checkpoint) after the first step that ends more than this many minutes after training
     started in this invocation, even before max_steps (0: no limit). The LR schedule still follows max_steps.
-    The default run is sized to learn within this budget on a 2-core CPU; set 0 for step-bounded runs."""
+    Only `replrl train` with no config and no options (the default run) gets a budget of its own,
+    DEFAULT_RUN_TIME_BUDGET_MIN."""
     seed: int = 0
     """Seed of everything (model init for tiny models, problem order, sampling)."""
     eval_every: int = 0
     """Evaluate on the held-out split every N steps (0: only at the end if eval_n > 0)."""
     eval_n: int = 50
-    """Held-out problems per evaluation: the first eval_n of the eval split, one episode each, the same problems
-    and sampling seed every time (0: no evaluation)."""
+    """Held-out problems per evaluation: the first eval_n of the eval split, eval_samples episodes each, the same
+    problems and sampling seed every time (0: no evaluation)."""
     eval_before: bool = True
     """Evaluate the untrained model before the first step (with eval_n > 0), so the run ends with a before -> after
     summary. The last evaluation always runs at the end of the run."""
+    eval_temperature: float = -1.0
+    """Sampling temperature of held-out evaluations: 0 is greedy (temperature GREEDY_TEMPERATURE, the most likely
+    token but at an exact tie), < 0 (the default) the training temperature, rollout.temperature."""
+    eval_samples: int = 1
+    """Episodes per held-out problem (k): each evaluation then also logs pass@k (the share of problems with at least
+    one correct episode) beside accuracy (the mean over all episodes)."""
     eval_task: dict[str, Any] = field(default_factory=dict)
     """Fields of [task] to change for the held-out evaluation, e.g. {level = 0}: train on programs level 1, evaluate
     on every level. Where the problems have levels, accuracy per level is logged too (eval/accuracy_level<k>).
@@ -378,6 +412,8 @@ class RunConfig:
         check_positive("run", self, "max_steps", "keep_checkpoints")
         if self.time_budget_min < 0:
             raise ConfigError("run.time_budget_min must be >= 0")
+        if self.eval_samples < 1:
+            raise ConfigError(f"run.eval_samples must be >= 1; got {self.eval_samples}")
         for name in ("eval_every", "eval_n", "transfer_n", "save_every", "log_samples_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"run.{name} must be >= 0")
@@ -395,6 +431,12 @@ class RunConfig:
             raise ConfigError('run.transfer_task needs a task name, e.g. {name = "gsm8k"}')
         self.extra_evals()  # every table is valid
 
+    def eval_sampling_temperature(self, training: float) -> float:
+        """The temperature held-out episodes are sampled at, given the training temperature."""
+        if self.eval_temperature < 0:
+            return training
+        return self.eval_temperature or GREEDY_TEMPERATURE
+
     def extra_evals(self) -> list[ExtraEval]:
         """run.extra_eval, validated and with its defaults filled in, in the order given."""
         if not isinstance(self.extra_eval, list):
@@ -406,6 +448,15 @@ class RunConfig:
             if out[-1].label in {e.label for e in out[:-1]}:
                 raise ConfigError(f"{where}: label {out[-1].label!r} is used twice; give each table its own label")
         return out
+
+
+DEFAULT_RUN_TIME_BUDGET_MIN = 15.0
+"""The wall-clock budget of the default run (`replrl train` with no config file and no option): it is sized to learn
+within it on a 2-core CPU. Every other run has run.time_budget_min's default, 0 (no budget)."""
+GREEDY_TEMPERATURE = 1e-6
+"""The temperature run.eval_temperature = 0 samples at: every backend samples at a temperature > 0, and at this one
+the most likely token has all the probability but when two logits are within about 1e-5 of each other (vLLM
+samples below 1e-5 greedily)."""
 
 
 EXTRA_EVAL_LIMITS = ("max_lines", "max_line_tokens", "max_total_tokens", "max_output_tokens", "max_repeats", "wall_s")

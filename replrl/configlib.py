@@ -29,6 +29,10 @@ class ConfigError(ValueError):
     """A config value or key is wrong; the message is one line saying which and why."""
 
 
+BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
+"""What a bool option accepts as text (any case)."""
+
+
 def check_choice(name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
@@ -67,7 +71,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        if isinstance(value, str) and value.lower() in BOOL_WORDS:
             return value.lower() in ("true", "1", "yes")
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -154,11 +158,16 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` on top of ``base``, section by section; a table field (``rewards.weights``, ``task.options``)
+    merges key by key with the table below it, whether it comes from a file or as JSON from the command line
+    (``[rewards.weights] ran_and_printed = 0.05`` adds a term and keeps ``correct``; a weight of 0 removes one)."""
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for sec, values in overrides.items():
         if isinstance(values, dict) and isinstance(out.get(sec), dict):
             for key, v in values.items():
-                if isinstance(v, dict) and isinstance(out[sec].get(key), dict) and key != "weights":
+                if isinstance(out[sec].get(key), dict):
+                    v = _json_or_same(v)
+                if isinstance(v, dict) and isinstance(out[sec].get(key), dict):
                     out[sec][key] = {**out[sec][key], **v}
                 else:
                     out[sec][key] = v
@@ -178,17 +187,79 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {err}") from None
 
 
+@functools.cache
+def field_choices(cls: type) -> dict[str, tuple]:
+    """{field: choices} from the ``check_choice("section.field", self.field, (...))`` calls of the class's
+    ``__post_init__`` whose choices are a literal tuple (the one place the choices are written)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    out = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check_choice" and len(node.args) == 3
+                and isinstance(node.args[1], ast.Attribute) and isinstance(node.args[2], ast.Tuple)):
+            try:
+                out[node.args[1].attr] = ast.literal_eval(node.args[2])
+            except ValueError:
+                continue
+    return out
+
+
+def type_name(hint: Any) -> str:
+    """How ``--help`` names a field's type: int, float, str, bool, table (a dict), list, pair."""
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        return "table"
+    if origin is list:
+        return "list"
+    if origin is tuple:
+        return "pair" if len(typing.get_args(hint)) == 2 else "tuple"
+    return getattr(hint, "__name__", str(hint))
+
+
 def add_arguments(parser: argparse.ArgumentParser, config_cls: type) -> None:
-    """One ``--section.field VALUE`` option per field, documented by the field's docstring and default."""
+    """One ``--section.field VALUE`` option per field, documented by the field's docstring, type, default and
+    choices. A bool field also works as a bare flag: ``--run.eval_before`` is ``--run.eval_before true``."""
     defaults = config_cls()
     for sec, cls in sections(config_cls).items():
         group = parser.add_argument_group(f"[{sec}]")
-        docs = field_docs(cls)
+        docs, choices, hints = field_docs(cls), field_choices(cls), typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = getattr(getattr(defaults, sec), f.name)
             shown = json.dumps(default) if isinstance(default, (dict, tuple, list)) else repr(default)
-            group.add_argument(f"--{sec}.{f.name}", dest=f"cfg:{sec}.{f.name}", metavar="V", default=None,
-                               help=f"{docs.get(f.name, '')} (default: {shown})".replace("%", "%%"))
+            kind = type_name(hints[f.name])
+            extra = f"; choices: {', '.join(map(str, choices[f.name]))}" if f.name in choices else ""
+            text = f"{docs.get(f.name, '')} ({kind}, default: {shown}{extra})".replace("%", "%%")
+            if hints[f.name] is bool:
+                group.add_argument(f"--{sec}.{f.name}", dest=f"cfg:{sec}.{f.name}", metavar="BOOL", default=None,
+                                   nargs="?", const="true", action=_BoolOption, help=text)
+            else:
+                group.add_argument(f"--{sec}.{f.name}", dest=f"cfg:{sec}.{f.name}", metavar=kind.upper(),
+                                   default=None, help=text)
+
+
+class _BoolOption(argparse.Action):
+    """A bool option: bare (true) or with a value. A bare flag just before the positional config file
+    (``--run.eval_before run.toml``) would take the file as its value: the flag is then true and the file is kept
+    as the command's config (``settle_config_file`` puts it back after parsing)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if isinstance(values, str) and values.lower() not in BOOL_WORDS and hasattr(namespace, "config"):
+            namespace.spilled_config, values = values, "true"
+        setattr(namespace, self.dest, "true" if values is None else values)
+
+
+def settle_config_file(args: argparse.Namespace) -> argparse.Namespace:
+    """After parsing: a config file a bare bool flag took as its value becomes the command's config again."""
+    spilled = vars(args).pop("spilled_config", None)
+    if spilled is not None:
+        if getattr(args, "config", None) is not None:
+            raise ConfigError(f"a bool option takes true or false; got {spilled!r} (and the config file is "
+                              f"{args.config!r})")
+        args.config = spilled
+    return args
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Held-out evaluation: the first n problems of a split, one episode each (or k), with the training code's sampling.
+"""Held-out evaluation: the first n problems of a split, one episode each (or k), with the training code's sampling
+at the evaluation's temperature (``run.eval_temperature``: the training one by default, 0 greedy).
 
 ``evaluate`` returns the figures of ``rollout.summarize`` (accuracy, per-line error rates, lines per episode, how
 often a multi-line block was used ...), plus ``accuracy_level<k>`` where the problems have a level (the ``programs``
@@ -37,6 +38,9 @@ def task_from_config(cfg: Config):
         options.setdefault("seed", cfg.task.seed)
     if cfg.task.data:
         options.setdefault("data", cfg.task.data)
+    for key in ("columns", "checker", "system_prompt"):  # the dataset task's (any task that takes them)
+        if getattr(cfg.task, key):
+            options.setdefault(key, getattr(cfg.task, key))
     return load_task(cfg.task.name, **options)
 
 
@@ -93,7 +97,8 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
     rewards = rewards or RewardModel.from_config(cfg.rewards)
     rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
     chosen = [(i, rows[i]) for i in range(min(n, len(rows)))]
-    sampling = cfg.rollout.sampling(seed=cfg.run.seed + 7)
+    sampling = dataclasses.replace(cfg.rollout.sampling(seed=cfg.run.seed + 7),
+                                   temperature=cfg.run.eval_sampling_temperature(cfg.rollout.temperature))
     rules = EpisodeRules.from_config(cfg.rollout)
     trajs: list[Trajectory] = []
     chunk = max(1, pool.size // samples_per_problem)
@@ -112,6 +117,7 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
             part, _ = run_sync(rollout(generator, pool, task, wave, rewards, sampling, rules,
                                        group_size=samples_per_problem, chat_template=cfg.model.chat_template,
                                        progress=progress))
+            rewards.score_episodes_sync(part, wave)  # episode-level reward functions
             if waves is not None:
                 waves.add(key, part)
         trajs += part
@@ -119,10 +125,22 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
         log.info("%d of %d waves of this evaluation were sampled before the run was resumed", reused, total)
     out = summarize(trajs)
     out.update(level_accuracy(trajs, {i: row for i, row in chosen}))
+    if samples_per_problem > 1:
+        out.update(pass_at_k(trajs, samples_per_problem))
     out["wall_s"] = time.perf_counter() - t0
     if episodes is not None:
         episodes += trajs
     return out
+
+
+def pass_at_k(trajs: list[Trajectory], k: int) -> dict[str, float]:
+    """``{"pass@k": share of problems with at least one correct episode}`` over episodes sampled k per problem
+    (grouped by ``traj.row``); ``accuracy`` beside it is the mean over all episodes. E.g. two problems, k = 2, one
+    with a correct episode: pass@2 = 0.5."""
+    solved: dict[int, bool] = {}
+    for t in trajs:
+        solved[t.row] = solved.get(t.row, False) or bool(t.correct)
+    return {f"pass@{k}": sum(solved.values()) / max(len(solved), 1)}
 
 
 def level_accuracy(trajs: list[Trajectory], rows: dict[int, Any]) -> dict[str, float]:

@@ -18,6 +18,16 @@ A term can also be given in the config by import path (``"my_pkg.rewards:prints_
 (``"terms/prints_something.py:prints_something"``; ``term_file`` writes a notebook's function to such a file). It is
 logged under the part after the colon (``reward/prints_something``).
 
+Episode-level reward functions (``rewards.functions``) live in the same registry of weights: a function given by
+import path (``"my_rewards:brevity"``, imported as Python imports it, the working directory first) or, from Python,
+as a callable, is scored once per episode when it ends, weighted by ``rewards.weights.<name>`` (default 1.0) and
+stored with the outcome terms (``traj.outcome_rewards["brevity"]``, logged as ``reward/brevity``)::
+
+    def brevity(traj, correct):          # declares what it wants among row, traj, answer, correct
+        return 1.0 / len(traj.lines) if correct else None     # None: no reward for this episode
+
+It may be ``async`` (an LLM judge): the episodes of a rollout are scored concurrently (``score_episodes``).
+
 Weights may follow a schedule over training steps and each line term may be gated on the episode's outcome (see
 ``replrl.schedules``): ``RewardModel.at(step)`` is the model with the weights of that step, and ``finish`` settles an
 episode once its outcome is known (end-of-episode terms, gates, the outcome terms).
@@ -26,6 +36,7 @@ episode once its outcome is known (end-of-episode terms, gates, the outcome term
 from __future__ import annotations
 
 import ast
+import asyncio
 import builtins
 import copy
 import hashlib
@@ -33,11 +44,12 @@ import importlib
 import importlib.util
 import inspect
 import keyword
+import os
 import re
 import sys
 import textwrap
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +64,8 @@ OUTCOME_TERMS = ("correct", "wrong", "no_submit")
 SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 TERM_ARGS = ("line", "traj", "trajectory", "index", "later")
 """The arguments a term may declare (by these names); see the module docstring."""
+EPISODE_ARGS = ("row", "traj", "answer", "correct")
+"""The arguments an episode-level reward function may declare (by these names)."""
 
 
 def line_reward(name: str) -> Callable[[LineReward], LineReward]:
@@ -204,7 +218,7 @@ def resolve(name: str) -> LineReward:
     if ":" in name:
         where, _, attr = name.rpartition(":")
         try:
-            module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
+            module = _load_file(where) if where.endswith(".py") else import_cwd_first(where)
             fn = getattr(module, attr)
         except (ImportError, AttributeError) as err:
             raise ValueError(f"reward term {name!r} cannot be imported: {err}") from None
@@ -214,6 +228,20 @@ def resolve(name: str) -> LineReward:
     known = ", ".join(sorted(LINE_REWARDS) + list(OUTCOME_TERMS))
     raise ValueError(f"unknown reward term {name!r}: known terms are {known}, or give an import path module:attr "
                      "or a file path/to/file.py:function")
+
+
+def import_cwd_first(module: str) -> types.ModuleType:
+    """Import ``module`` as ``python -c "import module"`` run here would: the working directory first on the path
+    (a console script such as ``replrl`` does not put it there)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module)
+    finally:
+        if added:
+            sys.path.remove(cwd)
 
 
 _FILE_MODULES: dict[tuple[str, int], types.ModuleType] = {}
@@ -347,6 +375,65 @@ def _declared(fn: LineReward) -> tuple[str, ...] | None:
     return None
 
 
+@dataclass(frozen=True)
+class EpisodeFunction:
+    """One episode-level reward function of a RewardModel (``rewards.functions``)."""
+
+    name: str
+    """As given (import path), or the callable's name."""
+    label: str
+    """Stored in ``traj.outcome_rewards`` and logged (``reward/<label>``) under this name."""
+    fn: Callable[..., Any]
+    schedule: Schedule
+    params: tuple[str, ...]
+    """The arguments it declares, among EPISODE_ARGS."""
+
+    async def __call__(self, traj: Trajectory, row: Any) -> float | None:
+        given = {"row": row, "traj": traj, "answer": traj.answer, "correct": traj.correct}
+        try:
+            value = self.fn(**{p: given[p] for p in self.params})
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as err:  # the user's function: its error, in one line, names it
+            raise ValueError(f"reward function {self.label!r} raised {type(err).__name__}: {err}") from err
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"reward function {self.label!r} must return a float or None; got {value!r}")
+        return float(value)
+
+
+def episode_function(spec: str | Callable[..., Any], weights: Mapping[str, Any]) -> EpisodeFunction:
+    """An episode-level reward function from an import path or a callable, weighted by ``weights[<its name>]``
+    (default 1.0); a function that declares an argument outside EPISODE_ARGS is a one-line error."""
+    if isinstance(spec, str):
+        if ":" not in spec:
+            raise ConfigError(f"rewards.functions: {spec!r} must be an import path module:function (or "
+                              "path/to/file.py:function)")
+        fn, name = resolve(spec), spec
+        label = spec.rpartition(":")[2]
+    elif callable(spec):
+        fn, name = spec, getattr(spec, "__name__", "")
+        label = name
+        if not label.isidentifier():
+            raise ConfigError(f"a reward function needs a name (a def, not a lambda); got {spec!r}")
+    else:
+        raise ConfigError(f"rewards.functions: {spec!r} is neither an import path nor a function")
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        raise ConfigError(f"reward function {label!r}: its signature cannot be read") from None
+    bad = [p for p, v in params.items() if p not in EPISODE_ARGS or v.kind == inspect.Parameter.POSITIONAL_ONLY]
+    if bad:
+        raise ConfigError(f"reward function {label!r} declares {bad[0]!r}: it may declare only "
+                          f"{', '.join(EPISODE_ARGS)} (by name)")
+    weight = weights.get(label, weights.get(name, 1.0)) if isinstance(name, str) else weights.get(label, 1.0)
+    schedule, gate = parse_weight(label, weight)
+    if gate is not None:
+        raise ConfigError(f"rewards.weights.{label}: gates apply to line terms, not to reward functions")
+    return EpisodeFunction(name, label, fn, schedule, tuple(params))
+
+
 class RewardModel:
     """Scores lines and outcomes with the weights of a config at one training step.
 
@@ -355,9 +442,18 @@ class RewardModel:
     key says the same). ``RewardModel.from_config(cfg.rewards).at(step)``.
     """
 
-    def __init__(self, weights: Mapping[str, Any], gates: Mapping[str, str] | None = None, step: int = 0):
+    def __init__(self, weights: Mapping[str, Any], gates: Mapping[str, str] | None = None, step: int = 0,
+                 functions: Iterable[str | Callable[..., Any]] = ()):
         self.step = step
         self.outcome: dict[str, Schedule] = {name: Schedule(0.0) for name in OUTCOME_TERMS}
+        self.functions: dict[str, EpisodeFunction] = {}
+        for spec in functions:
+            f = episode_function(spec, weights)
+            if f.label in self.functions or f.label in OUTCOME_TERMS or f.label in LINE_REWARDS:
+                raise ConfigError(f"rewards.functions: {f.name!r} would be logged as {f.label!r}, like another term")
+            self.functions[f.label] = f
+        weights = {k: v for k, v in weights.items()
+                   if k not in self.functions and k not in {f.name for f in self.functions.values()}}
         gates = dict(gates or {})
         for name, gate in gates.items():
             check_gate(f"rewards.gates.{name}", gate)
@@ -380,14 +476,14 @@ class RewardModel:
                 raise ConfigError(f"rewards.weights.{name} says gate {table_gate!r} and rewards.gates says {gate!r}")
             if schedule.always_zero:
                 continue
-            if label in self.terms or label in OUTCOME_TERMS:
+            if label in self.terms or label in OUTCOME_TERMS or label in self.functions:
                 raise ConfigError(f"rewards.weights: {name!r} would be logged as {label!r}, like another term")
             self.terms[label] = Term(name, label, fn, schedule, table_gate or gate or "always", _declared(fn))
 
     @classmethod
     def from_config(cls, cfg: Any, step: int = 0) -> RewardModel:
-        """From a ``RewardConfig`` (its ``weights`` and ``gates``)."""
-        return cls(cfg.weights, getattr(cfg, "gates", None), step)
+        """From a ``RewardConfig`` (its ``weights``, ``gates`` and ``functions``)."""
+        return cls(cfg.weights, getattr(cfg, "gates", None), step, functions=getattr(cfg, "functions", ()))
 
     def at(self, step: int) -> RewardModel:
         """The same terms with the weights of training step ``step`` (optimizer steps done before the rollout)."""
@@ -398,11 +494,19 @@ class RewardModel:
     def weights(self) -> dict[str, float]:
         """Every term's weight at this step, by the name it is logged under."""
         return {**{k: s(self.step) for k, s in self.outcome.items()},
-                **{k: t.schedule(self.step) for k, t in self.terms.items()}}
+                **{k: t.schedule(self.step) for k, t in self.terms.items()},
+                **{k: f.schedule(self.step) for k, f in self.functions.items()}}
+
+    def describe(self) -> str:
+        """The resolved weights in one line, as a run prints them at its start: ``correct=1 wrong=0 ...``; a
+        scheduled weight shows its value at this step, reward functions are marked ``(fn)``."""
+        functions = set(self.functions)
+        return " ".join(f"{k}={v:g}" + (" (fn)" if k in functions else "") for k, v in self.weights().items())
 
     def scheduled_weights(self) -> dict[str, float]:
         """``{"weight/<term>": weight}`` for the terms whose weight changes over steps: the trainer logs it."""
-        scheduled = {**self.outcome, **{k: t.schedule for k, t in self.terms.items()}}
+        scheduled = {**self.outcome, **{k: t.schedule for k, t in self.terms.items()},
+                     **{k: f.schedule for k, f in self.functions.items()}}
         return {f"weight/{k}": s(self.step) for k, s in scheduled.items() if not s.constant}
 
     def score_line(self, line: Line, traj: Trajectory) -> dict[str, float]:
@@ -436,3 +540,23 @@ class RewardModel:
                 if k in line.rewards:
                     line.rewards[k] = 0.0
         traj.outcome_rewards = self.score_outcome(submitted, traj.correct)
+
+    async def score_episodes(self, trajs: Sequence[Trajectory], problems: Sequence[tuple[int, Any]]) -> None:
+        """Score the episode-level reward functions on ended episodes (after ``finish``), all episodes and functions
+        concurrently, into ``traj.outcome_rewards[<label>]`` (weighted; a function's None adds nothing).
+        ``problems``: the ``(row_index, row)`` pairs the episodes were rolled out on (``traj.row`` picks the row)."""
+        if not self.functions or not trajs:
+            return
+        rows = dict(problems)
+        calls = [(t, f) for t in trajs for f in self.functions.values()]
+        values = await asyncio.gather(*(f(t, rows.get(t.row)) for t, f in calls))
+        for (t, f), value in zip(calls, values):
+            if value is not None:
+                t.outcome_rewards[f.label] = f.schedule(self.step) * value + 0.0
+
+    def score_episodes_sync(self, trajs: Sequence[Trajectory], problems: Sequence[tuple[int, Any]]) -> None:
+        """``score_episodes`` from synchronous code (a notebook's running loop included)."""
+        if self.functions and trajs:
+            from sandbox import run_sync
+
+            run_sync(self.score_episodes(trajs, problems))

@@ -24,7 +24,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -68,6 +68,9 @@ from .tree import TreeShape, merge_tree_figures
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
+console = logging.getLogger("replrl.console")
+"""What a run tells its user as it goes (held-out results, a spent time budget): `replrl train` shows it at its
+default log level."""
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sandbox forks; keep tokenizers quiet about it
 
 
@@ -137,7 +140,10 @@ class Trainer:
     """Skip the backward of a micro-batch whose gradient is exactly zero (no advantage, no KL term): the update is
     the same, faster (False: run every backward, as a check of that claim)."""
 
-    def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True):
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True, *,
+                 task: Any = None, reward_funcs: Sequence[Callable[..., Any]] = ()):
+        """``task``: a Task object to train on instead of ``cfg.task``'s (from Python: ``replrl.train(task=...)``).
+        ``reward_funcs``: episode-level reward functions (callables) beside ``cfg.rewards.functions``."""
         from accelerate import Accelerator
 
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
@@ -159,7 +165,7 @@ class Trainer:
         self._check_run_dir(resume)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
-        self.task = task_from_config(cfg)
+        self.task = task if task is not None else task_from_config(cfg)
         if getattr(self.task, "data", None) and not hides_host_files(self.isolation):
             log.warning("sandbox isolation %r has no filesystem view: the model's code can read the dataset %s "
                         "(and its answers); install bubblewrap for the allowlisted view", self.isolation,
@@ -202,7 +208,8 @@ class Trainer:
                                         sync_transport=cfg.model.sync_transport,
                                         gpu_memory_utilization=cfg.model.gpu_memory_utilization,
                                         max_rows=cfg.rollout.group_size * self._local_problems())
-        self.rewards = RewardModel.from_config(cfg.rewards)
+        self.rewards = RewardModel(cfg.rewards.weights, cfg.rewards.gates,
+                                   functions=[*cfg.rewards.functions, *reward_funcs])
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.tree = TreeShape.from_config(cfg.tree)
         self.pad_id = self.generator.pad_id
@@ -328,8 +335,8 @@ class Trainer:
                 out_of_time = self._any_rank(time.monotonic() > deadline)
                 if self._stop or out_of_time:
                     if out_of_time:
-                        log.info("run.time_budget_min (%g min) spent after step %d", cfg.run.time_budget_min,
-                                 self.step)
+                        console.info("run.time_budget_min (%g min) spent after step %d of %d", cfg.run.time_budget_min,
+                                     self.step, cfg.run.max_steps)
                     break
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
@@ -444,6 +451,7 @@ class Trainer:
             trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
                                             self.rules, group_size=cfg.rollout.group_size,
                                             chat_template=cfg.model.chat_template, tree=self.tree))
+            rewards.score_episodes_sync(trajs, problems)  # episode-level reward functions, into outcome_rewards
             groups, wave_stats = gather_object(split_by_group(trajs)) if self.world > 1 else split_by_group(trajs), {}
         every_rank = [t for g in groups for t in g]  # every group of every rank, in the order drawn
         if self.world > 1 and self.tree.on:  # the tree/ figures of every rank's trees, not this rank's alone
@@ -521,6 +529,7 @@ class Trainer:
             trajs, wave_stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards,
                                                  self.wave_sampling(len(waves)), self.rules, group_size=probe or G,
                                                  chat_template=self.cfg.model.chat_template, tree=self.tree))
+            rewards.score_episodes_sync(trajs, problems)  # before the contrast is judged: they are outcome terms
             parts.append((wave_stats, len(trajs)))
             local_groups = split_by_group(trajs)
             assert len(local_groups) == len(problems), "every problem has a group (a tree has at least its roots)"
@@ -569,6 +578,7 @@ class Trainer:
                                             rewards, self.wave_sampling(wave), self.rules,
                                             group_size=cfg.group_size - cfg.dynamic_sampling_probe,
                                             chat_template=self.cfg.model.chat_template))
+            rewards.score_episodes_sync(trajs, [problems_drawn[i] for i in mine])
             parts.append((stats, len(trajs)))
             more = split_by_group(trajs)
         added = list(zip(mine, more, strict=True))
@@ -697,8 +707,9 @@ class Trainer:
 
         held = next(h for h in self.held_out if h.label == which)
         n = n or held.n
-        with tqdm(total=n, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
-            return evaluate(self.generator, pool, held.task, held.cfg, n, progress=bar,
+        k = held.cfg.run.eval_samples
+        with tqdm(total=n * k, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
+            return evaluate(self.generator, pool, held.task, held.cfg, n, k, progress=bar,
                             rewards=self.rewards.at(self.step), episodes=episodes, waves=waves, stop=stop)
 
     def evaluate_all(self, pool: KernelPool, when: str = "") -> None:
@@ -731,8 +742,9 @@ class Trainer:
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
             self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
-            log.info("%s at step %d: accuracy %.3f over %d episodes (%.0f s)", label, self.step,
-                     figures[label]["accuracy"], figures[label]["episodes"], figures[label]["wall_s"])
+            passes = "".join(f", {k} {v:.3f}" for k, v in figures[label].items() if k.startswith("pass@"))
+            console.info("%s at step %d: accuracy %.3f%s over %d episodes (%.0f s)", label, self.step,
+                         figures[label]["accuracy"], passes, figures[label]["episodes"], figures[label]["wall_s"])
             if waves is not None:
                 waves.clear()
         for label, got in figures.items():

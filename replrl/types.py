@@ -107,7 +107,8 @@ class Trajectory:
     group: int = -1
     """Episodes sampled for the same prompt share a group id (GRPO's group)."""
     outcome_rewards: dict[str, float] = field(default_factory=dict)
-    """Final-answer reward terms (correct / wrong / no_submit), weighted."""
+    """Episode-level reward terms, weighted: the final-answer terms (correct / wrong / no_submit) and the reward
+    functions of ``rewards.functions`` (by their names)."""
     timing: dict[str, float] = field(default_factory=dict)
     tree_nodes: list[int] = field(default_factory=list)
     """Tree rollouts: the branch points on this leaf's path, as node ids unique within its group, root first (the

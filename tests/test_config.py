@@ -14,6 +14,7 @@ from replrl.configlib import (
     load_file,
     overrides_from_args,
     resolve,
+    settle_config_file,
     to_dict,
     to_toml,
 )
@@ -33,7 +34,8 @@ def test_file_then_overrides(tmp_path):
     cfg = resolve(Config, str(path), {"rollout": {"temperature": "0.9"}, "optim": {"betas": "[0.9, 0.95]"}})
     assert cfg.rollout.temperature == 0.9 and cfg.rollout.group_size == 4
     assert cfg.optim.betas == (0.9, 0.95)
-    assert cfg.rewards.weights == {"syntax_error": -1.0}  # a weights table replaces the default table
+    # a weights table merges with the default table (issue 49: it used to replace it, silently zeroing `correct`)
+    assert cfg.rewards.weights == {**Config().rewards.weights, "syntax_error": -1.0}
 
 
 def test_saved_config_round_trips(tmp_path):
@@ -151,3 +153,70 @@ def test_every_command_s_help_says_what_it_does_and_fits_a_terminal(capsys):
         assert len(description.split()) >= 8 and "." in description, (name, description)
         wide = [line for line in text.splitlines() if len(line) > 120]
         assert not wide, (name, wide)
+
+
+def test_a_weights_table_merges_with_the_defaults_and_0_removes_a_term(tmp_path):
+    from replrl.rewards import RewardModel
+
+    path = tmp_path / "c.toml"
+    path.write_text("[rewards.weights]\nran_and_printed = 0.05\nno_submit = 0\n")
+    cfg = resolve(Config, str(path), {})
+    weights = RewardModel.from_config(cfg.rewards).weights()
+    # the shaping term is added; correct (1.0), syntax_error (-0.3) stay; no_submit is 0, ran_and_printed 0.05
+    assert weights["correct"] == 1.0 and weights["syntax_error"] == -0.3
+    assert weights["ran_and_printed"] == 0.05 and weights["no_submit"] == 0.0
+    cfg = resolve(Config, str(path), {"rewards": {"weights": '{"exception": 0}'}})  # the command line merges too
+    weights = RewardModel.from_config(cfg.rewards).weights()
+    assert "exception" not in weights and weights["ran_and_printed"] == 0.05 and weights["correct"] == 1.0
+    described = RewardModel.from_config(cfg.rewards).describe()
+    assert described.startswith("correct=1 wrong=0 no_submit=0 syntax_error=-0.3")
+
+
+def test_help_shows_type_default_and_choices_and_bools_are_bare_flags(tmp_path):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config", nargs="?")
+    add_arguments(parser, Config)
+    text = " ".join(parser.format_help().split())
+    assert "(str, default: 'token_mean'; choices: token_mean, seq_mean, constant)" in text  # loss.agg
+    assert "--rollout.group_size INT" in text and "(int, default: 8)" in text
+    assert "--run.eval_before [BOOL]" in text and "--rewards.weights TABLE" in text
+    args = parser.parse_args(["--run.eval_before", "--optim.gradient_checkpointing", "false", "--run.tensorboard"])
+    assert overrides_from_args(args) == {"run": {"eval_before": "true", "tensorboard": "true"},
+                                         "optim": {"gradient_checkpointing": "false"}}
+    cfg = resolve(Config, None, overrides_from_args(args))
+    assert cfg.run.eval_before is True and cfg.optim.gradient_checkpointing is False
+    args = settle_config_file(parser.parse_args(["--model.chat_template", "my.toml"]))  # a bare flag, then a file
+    assert args.config == "my.toml" and overrides_from_args(args) == {"model": {"chat_template": "true"}}
+
+
+def test_time_budget_is_off_by_default_and_only_the_default_run_has_one(tmp_path, monkeypatch, capsys):
+    from replrl.cli import main
+    from replrl.config import DEFAULT_RUN_TIME_BUDGET_MIN
+
+    assert Config().run.time_budget_min == 0 and DEFAULT_RUN_TIME_BUDGET_MIN == 15
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--print-config"]) == 0  # the no-argument default run: its 15 minutes
+    printed = capsys.readouterr().out
+    path = tmp_path / "printed.toml"
+    path.write_text(printed)
+    assert load_file(path)["run"]["time_budget_min"] == 15.0
+    assert resolve(Config, str(path), {}).run.time_budget_min == 15.0  # the printed config is a loadable config
+    assert main(["train", "--print-config", "--run.max_steps", "500"]) == 0  # any option: no budget
+    again = tmp_path / "again.toml"
+    again.write_text(capsys.readouterr().out)
+    cfg = resolve(Config, str(again), {})
+    assert cfg.run.time_budget_min == 0 and cfg.run.max_steps == 500
+    assert to_toml(cfg) == again.read_text()  # the fully resolved config, every section
+    assert not (tmp_path / "runs").exists()  # --print-config only prints
+
+
+def test_eval_sampling_options():
+    from replrl.config import GREEDY_TEMPERATURE
+
+    cfg = Config()
+    assert cfg.run.eval_samples == 1 and cfg.run.eval_sampling_temperature(0.7) == 0.7  # as before: training's
+    cfg = resolve(Config, None, {"run": {"eval_temperature": "0", "eval_samples": "4"}})
+    assert cfg.run.eval_sampling_temperature(0.7) == GREEDY_TEMPERATURE and cfg.run.eval_samples == 4
+    assert resolve(Config, None, {"run": {"eval_temperature": 0.3}}).run.eval_sampling_temperature(0.7) == 0.3
+    with pytest.raises(ConfigError, match="^run.eval_samples must be >= 1; got 0$"):
+        resolve(Config, None, {"run": {"eval_samples": 0}})

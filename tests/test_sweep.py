@@ -81,7 +81,8 @@ def test_sweep_trains_every_variant_and_seed(tmp_path_factory: pytest.TempPathFa
         assert "\r" not in log and "it/s]" not in log, log
         stamp = r"\n\d\d:\d\d:\d\d INFO replrl\.trainer: "
         assert re.search(stamp + r"step 2/2: reward -?\d\.\d{3}, accuracy ", log), log
-        assert re.search(stamp + r"eval at step 2: accuracy \d\.\d{3} over 2 episodes", log), log
+        console = r"\n\d\d:\d\d:\d\d INFO replrl\.console: "  # held-out results: on the console at any log level
+        assert re.search(console + r"eval at step 2: accuracy \d\.\d{3} over 2 episodes", log), log
         record = json.loads((run / "sweep.json").read_text())
         assert record["status"] == "done" and record["steps"] == 2 and record["episodes"] == 4
         assert record["wall_s"] > 0 and [a["action"] for a in record["attempts"]] == ["start"]

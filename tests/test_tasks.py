@@ -364,7 +364,8 @@ def test_load_task_by_import_path() -> None:
 
 
 def test_load_task_errors() -> None:
-    msg = "unknown task 'x': built-ins are arithmetic, gsm8k, programs, explore, or give an import path module:attr"
+    msg = ("unknown task 'x': built-ins are arithmetic, gsm8k, programs, explore, dataset, or give an import path "
+           "module:attr")
     with pytest.raises(TaskError, match=f"^{re.escape(msg)}$"):
         load_task("x")
     with pytest.raises(TaskError, match="cannot import module 'no_such_pkg.mod'"):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from sandbox.errors import KernelStartError, SandboxUnavailable
 
 from .. import __version__
+from ..configlib import settle_config_file
 from . import env, repl, rollout, sweep, train
 
 # Errors a user can fix; anything else is a bug and keeps its traceback.
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        return int(args.func(settle_config_file(args)) or 0)
     except KeyboardInterrupt:
         print("replrl: interrupted", file=sys.stderr)
         return 130

@@ -75,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
         trajs, stats = [], None
         async with KernelPool(size=wave * args.group_size, limits=cfg.rollout.limits(), tools=task.tools) as pool:
             for start in range(0, len(chosen), wave):
-                part, st = await rollout(generator, pool, task, chosen[start:start + wave],
-                                         RewardModel.from_config(cfg.rewards), cfg.rollout.sampling(), rules,
-                                         group_size=args.group_size, chat_template=cfg.model.chat_template,
-                                         progress=bar)
+                rewards = RewardModel.from_config(cfg.rewards)
+                part, st = await rollout(generator, pool, task, chosen[start:start + wave], rewards,
+                                         cfg.rollout.sampling(), rules, group_size=args.group_size,
+                                         chat_template=cfg.model.chat_template, progress=bar)
+                await rewards.score_episodes(part, chosen[start:start + wave])  # episode-level reward functions
                 trajs += part
                 stats = st if stats is None else stats.merge(st)
         return trajs, stats

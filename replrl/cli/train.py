@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..config import Config
+from ..config import DEFAULT_RUN_TIME_BUDGET_MIN, Config
 from ..configlib import ConfigError, add_arguments, load_file, merge, overrides_from_args, resolve, to_dict, to_toml
 
 TRAIN_HELP = """\
@@ -46,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, help="shorthand for --run.max_steps")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars (for a log file): a timed line per step and per evaluation instead")
+    p.add_argument("--print-config", action="store_true",
+                   help="write the fully resolved config (defaults, file, options) as TOML to stdout and exit")
     add_arguments(p, Config)
     p.set_defaults(func=run_train)
 
@@ -58,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--task", help="task name or import path")
     e.add_argument("--data", help="dataset for data-backed tasks")
     e.add_argument("--n", type=int, default=50, help="held-out problems (default 50)")
-    e.add_argument("--samples", type=int, default=1, help="episodes per problem (default 1)")
+    e.add_argument("--samples", type=int, help="episodes per problem: with more than one, pass@k is reported too "
+                   "(default: run.eval_samples, 1)")
     e.add_argument("--out", help="also write the summary as JSON here")
     add_arguments(e, Config)
     e.set_defaults(func=run_eval)
@@ -107,14 +110,27 @@ def run_train(args: argparse.Namespace) -> int:
         run_dir = Path(resume_dir)
         (run_dir / "config.toml").write_text(to_toml(cfg))
     else:
+        if args.config is None and not overrides:  # the default run, and only it, has a wall-clock budget
+            overrides = {"run": {"time_budget_min": DEFAULT_RUN_TIME_BUDGET_MIN}}
         cfg = resolve(Config, args.config, overrides)
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    if args.print_config:
+        print(to_toml(cfg), end="")
+        return 0
+    from ..rewards import RewardModel
     from ..trainer import Trainer  # torch, transformers, the sandbox: after the config is known to be valid
 
+    logging.getLogger("replrl.console").setLevel(logging.INFO)  # held-out results as they come
     if args.no_progress:
         _lines_not_bars()
+    print(f"reward weights: {RewardModel.from_config(cfg.rewards).describe()}", flush=True)
+    if cfg.run.time_budget_min:
+        print(f"time budget: {cfg.run.time_budget_min:g} min (run.time_budget_min; 0 for none)", flush=True)
 
-    with Trainer(cfg, run_dir, resume=bool(resume_dir), progress=not args.no_progress) as trainer:
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with logging_redirect_tqdm(), Trainer(cfg, run_dir, resume=bool(resume_dir),
+                                          progress=not args.no_progress) as trainer:
         trainer.train()
     print(trainer.summary())
     return 0
@@ -143,16 +159,19 @@ def run_eval(args: argparse.Namespace) -> int:
     step = _checkpoint_step(cfg.model.name)  # scheduled reward weights are scored at the checkpoint's step
     model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
     task = task_from_config(cfg)
+    samples = cfg.run.eval_samples if args.samples is None else args.samples
+    if samples < 1:
+        raise ConfigError(f"--samples must be >= 1; got {samples}")
 
     from tqdm.auto import tqdm
 
-    pool = run_sync(KernelPool(size=min(16, args.n * args.samples), limits=cfg.rollout.limits(),
+    pool = run_sync(KernelPool(size=min(16, args.n * samples), limits=cfg.rollout.limits(),
                                tools=task.tools).start())
     try:
-        with tqdm(total=args.n * args.samples, desc="eval", unit="episode", file=sys.stderr) as bar:
+        with tqdm(total=args.n * samples, desc="eval", unit="episode", file=sys.stderr) as bar:
             generator = load_generator(cfg.model.backend, model, tokenizer)
             try:
-                summary = evaluate(generator, pool, task, cfg, args.n, args.samples, progress=bar,
+                summary = evaluate(generator, pool, task, cfg, args.n, samples, progress=bar,
                                    rewards=RewardModel.from_config(cfg.rewards).at(step))
             finally:
                 close_generator(generator)

@@ -1,11 +1,13 @@
 """Tasks: a header from a dataset row, the tools injected into the kernel, and an answer check.
 
 ``load_task("arithmetic", level=3)``, ``load_task("programs", level=2)``, ``load_task("explore", level=1)``,
-``load_task("gsm8k", data="path/to/dir")`` or ``load_task("pkg.mod:MyTask")``.
+``load_task("gsm8k", data="path/to/dir")``, ``load_task("dataset", data="problems.jsonl", columns={...},
+checker="exact")`` or ``load_task("pkg.mod:MyTask")``.
 """
 
 from replrl.tasks.arithmetic import ARITHMETIC_HEADER, ArithmeticTask
 from replrl.tasks.base import BUILTIN_TASKS, Task, TaskError, TaskWithSetup, load_task
+from replrl.tasks.dataset import DATASET_INSTRUCTIONS, DatasetTask
 from replrl.tasks.explore import EXPLORE_HEADER, ExploreTask
 from replrl.tasks.gsm8k import GSM8K_HEADER, GSM8KTask
 from replrl.tasks.programs import PROGRAMS_HEADER, ProgramsTask
@@ -13,10 +15,12 @@ from replrl.tasks.programs import PROGRAMS_HEADER, ProgramsTask
 __all__ = [
     "ARITHMETIC_HEADER",
     "BUILTIN_TASKS",
+    "DATASET_INSTRUCTIONS",
     "EXPLORE_HEADER",
     "GSM8K_HEADER",
     "PROGRAMS_HEADER",
     "ArithmeticTask",
+    "DatasetTask",
     "ExploreTask",
     "GSM8KTask",
     "ProgramsTask",

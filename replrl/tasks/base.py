@@ -13,6 +13,7 @@ BUILTIN_TASKS: dict[str, str] = {
     "gsm8k": "replrl.tasks.gsm8k:GSM8KTask",
     "programs": "replrl.tasks.programs:ProgramsTask",
     "explore": "replrl.tasks.explore:ExploreTask",
+    "dataset": "replrl.tasks.dataset:DatasetTask",
 }
 """Built-in task names and the import path each resolves to (loaded lazily: gsm8k pulls in ``datasets``)."""
 

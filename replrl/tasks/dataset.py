@@ -1,0 +1,258 @@
+"""Built-in task ``dataset``: any dataset of problems and answers, with a column map and a checker by name.
+
+``data`` is a hub id (with ``config``), a local .jsonl / .json / .parquet / .csv file, a directory of such files
+named by split ("train.jsonl", "test.jsonl", hub-style "train-00000-of-00001.parquet"), or from Python a
+``datasets.Dataset`` (one split, "train"), a ``datasets.DatasetDict`` or a list of dict rows. A single file or a
+Dataset has one split, "train"; a split may be sliced as ``datasets`` slices it: ``train[:90%]``, ``train[-100:]``
+(so one file can serve ``task.train_split = "train[100:]"`` and ``task.eval_split = "train[:100]"``).
+
+``columns``: ``{"question": ..., "answer": ..., "data": ...}`` name the problem text, the reference answer and the
+columns put in the kernel as variables of the same names before the first line (``setup``). ``checker``: see
+``replrl.tasks.checkers``. The model reads only the header (the instructions and the question); never the answer.
+
+    load_task("dataset", data="problems.jsonl", columns={"question": "problem", "answer": "solution"},
+              checker="exact", train_split="train[50:]")
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, ClassVar
+
+from replrl.answers import parse_number
+from replrl.tasks.base import TaskError, check_header_template, format_header, row_label
+from replrl.tasks.checkers import make_checker, user_checker
+
+DATASET_INSTRUCTIONS = ("Solve the problem using the Python REPL below. Compute the answer with Python, "
+                        "then call submit(answer) with the final answer.")
+"""The default instructions opening the header (``system_prompt`` replaces them)."""
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+"""File suffixes ``datasets`` loads, and the builder for each."""
+ONE_FILE_SPLIT = "train"
+"""The split name ``datasets`` gives a single data file's rows (and a Dataset given from Python)."""
+_HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+_SLICE = re.compile(r"^([\w.-]+)\[\s*(-?\d+%?)?\s*:\s*(-?\d+%?)?\s*\]$")
+
+
+@dataclass
+class DatasetTask:
+    """Rows with a question and a reference answer, judged by a checker chosen by name."""
+
+    name: ClassVar[str] = "dataset"
+    tools: ClassVar[tuple[str, ...]] = ("submit",)
+
+    data: Any = ""
+    """Hub id, local file or directory, or (from Python) a datasets.Dataset / DatasetDict / list of dict rows."""
+    columns: dict[str, Any] = field(default_factory=dict)
+    """{"question": column, "answer": column, "data": column or [columns]}; question and answer default to
+    themselves."""
+    checker: str | Callable[..., Any] = ""
+    """exact, number, numbers, math, an import path module:function, or (from Python) a function. Empty: number."""
+    system_prompt: str = ""
+    """The instructions that open the header (empty: DATASET_INSTRUCTIONS)."""
+    config: str | None = None
+    """Hub config name (for hub ids, and to pick a subdirectory of a local snapshot)."""
+    split: dict[str, str] = field(default_factory=dict)
+    """Split name asked for -> dataset split (e.g. {"test": "validation"}); names not in it are used as they are."""
+    limit: int | None = None
+    """Keep only the first N rows of each split."""
+    answer_after: str = ""
+    """The reference is the text after the last occurrence of this marker in the answer column ("####" for GSM8K's
+    worked solutions); empty: the whole column."""
+    rel_tol: float = 1e-9
+    """The number checker's relative tolerance for float-like submissions (float rounding: 0.1 * 3 for 0.3)."""
+    header_template: str = ""
+    """Header text with the row's fields as {names}; it must use {question} and not the answer column. Empty: the
+    instructions, then "Problem: {question}" (and which variables hold the data, with a data column)."""
+    _splits: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    one_file_serves_all: ClassVar[bool] = False
+    """Whether a single file's one split also serves a split it lacks (gsm8k: yes, with a note); else asking for it
+    is an error that says how to slice one split into two."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.columns) - {"question", "answer", "data"})
+        if unknown:
+            raise TaskError(f"{self.name} columns: {unknown[0]!r} is not one of question, answer, data")
+        self.question_column = str(self.columns.get("question", "question"))
+        self.answer_column = str(self.columns.get("answer", "answer"))
+        data_columns = self.columns.get("data", [])
+        self.data_columns = [data_columns] if isinstance(data_columns, str) else list(data_columns)
+        for c in self.data_columns:
+            if not isinstance(c, str) or not c.isidentifier():
+                raise TaskError(f"{self.name} columns.data: {c!r} must be a column whose name is a Python identifier "
+                                "(it becomes a variable in the kernel)")
+            if c == self.answer_column:
+                raise TaskError(f"{self.name} columns.data must not hold the answer column {c!r}: the model would "
+                                "read the answer")
+        if self.limit is not None and self.limit < 0:
+            raise TaskError(f"{self.name} limit must be >= 0 (got {self.limit})")
+        self.checker_name = self.checker if isinstance(self.checker, str) else getattr(self.checker, "__name__", "")
+        self._check = (make_checker(self.checker or "number", self.rel_tol) if isinstance(self.checker, str)
+                       else user_checker(self.checker, self.checker_name))
+        if not self.header_template:
+            data_note = ""
+            if self.data_columns:
+                names = ", ".join(self.data_columns)
+                data_note = (f"\n\nThe problem's data is in the variable {names}." if len(self.data_columns) == 1
+                             else f"\n\nThe problem's data is in the variables {names}.")
+            self.header_template = (self.system_prompt or DATASET_INSTRUCTIONS) + data_note + "\n\nProblem: {question}"
+        check_header_template(self.header_template, forbidden=(self.answer_column,))
+        self._one_file = isinstance(self.data, (str, Path)) and Path(self.data).expanduser().is_file()
+        for name, ds in self._load().items():
+            for f in (self.question_column, self.answer_column, *self.data_columns):
+                if f not in ds.column_names:
+                    fields = ", ".join(ds.column_names)
+                    raise TaskError(f"dataset '{self.label}' has no field '{f}' (fields: {fields})")
+            if self.limit is not None:
+                ds = ds.select(range(min(self.limit, len(ds))))
+            self._validate_answers(name, ds)
+            self._splits[name] = ds
+
+    @property
+    def label(self) -> str:
+        """The data as named in messages: its path or hub id, or the kind of Python object it is."""
+        return str(self.data) if isinstance(self.data, (str, Path)) else f"<{type(self.data).__name__}>"
+
+    def _validate_answers(self, split: str, ds: Any) -> None:
+        """Every reference can be read: after the marker (answer_after), and a number for the number checker."""
+        if not self.answer_after and self.checker not in ("", "number"):
+            return
+        for i, answer in enumerate(ds[self.answer_column]):
+            if self._reference(answer) is None:
+                what = (f"has no number after '{self.answer_after}'" if self.answer_after and self.checker
+                        in ("", "number") else f"has no '{self.answer_after}'" if self.answer_after
+                        else "is not a number (use checker = \"exact\" for text answers)")
+                raise TaskError(f"dataset '{self.label}' split '{split}' row {i}: answer {what} "
+                                f"({str(answer)[-60:]!r})")
+
+    def _load(self) -> dict[str, Any]:
+        import datasets  # heavy import, only when a dataset task is used
+
+        if isinstance(self.data, datasets.DatasetDict):
+            return dict(self.data)
+        if isinstance(self.data, datasets.Dataset):
+            return {ONE_FILE_SPLIT: self.data}
+        if isinstance(self.data, list):
+            return {ONE_FILE_SPLIT: datasets.Dataset.from_list(self.data)}
+        if not isinstance(self.data, (str, Path)) or not str(self.data):
+            raise TaskError(f"{self.name} needs data: a hub id, a .jsonl/.json/.parquet/.csv file or a directory "
+                            "(task.data), or from Python a datasets.Dataset")
+        path = Path(self.data).expanduser()
+        if path.is_file():
+            builder = BUILDERS.get(path.suffix)
+            if builder is None:
+                raise TaskError(f"{self.name} data '{self.data}': unsupported file type (use .jsonl, .json, "
+                                ".parquet or .csv)")
+            return dict(datasets.load_dataset(builder, data_files={ONE_FILE_SPLIT: str(path)}))
+        if path.is_dir():
+            builder, data_files = split_files(path, self.config, self.name)
+            return dict(datasets.load_dataset(builder, data_files=data_files))
+        if not _HUB_ID.fullmatch(str(self.data)) or Path(self.data).suffix in BUILDERS:
+            raise TaskError(f"{self.name} data '{self.data}' not found")
+        try:
+            return dict(datasets.load_dataset(str(self.data), self.config))
+        except Exception as e:  # offline, no such repo, no such config: all one-line errors for the user
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TaskError(f"{self.name} data '{self.data}' not found (not a local path; hub load failed: "
+                            f"{reason})") from e
+
+    def rows(self, split: str) -> Any:
+        """The split as a ``datasets.Dataset`` (rows are dicts with every column); ``name[a:b]`` slices it (ints,
+        negative ones too, or percentages)."""
+        return self._select(self.split.get(split, split))
+
+    def _select(self, asked: str) -> Any:
+        """The rows of a dataset split name, sliced where it says ``name[a:b]``."""
+        m = _SLICE.match(asked)
+        name = m[1] if m else asked
+        if name not in self._splits:
+            have = ", ".join(self._splits)
+            if self._one_file and len(self._splits) == 1:
+                raise TaskError(f"dataset '{self.label}' is one file with one split, '{ONE_FILE_SPLIT}', and has no "
+                                f"split '{name}': slice it, e.g. task.train_split = \"train[100:]\" and "
+                                "task.eval_split = \"train[:100]\"")
+            raise TaskError(f"dataset '{self.label}' has no split '{name}' (splits: {have}); map it with split=")
+        ds = self._splits[name]
+        return ds if m is None else ds.select(range(*slice_bounds(m[2], m[3], len(ds))))
+
+    def header(self, row: dict) -> str:
+        return format_header(self.header_template, row, question=row[self.question_column])
+
+    def answer_of(self, row: dict) -> Any:
+        """The reference answer: the answer column (after ``answer_after``); a number (int, else Fraction) for the
+        number checker."""
+        value = self._reference(row[self.answer_column])
+        if value is None:
+            raise TaskError(f"{self.name}: cannot read the answer of {row_label(row)}: "
+                            f"{str(row[self.answer_column])[-60:]!r}")
+        return value
+
+    def _reference(self, answer: Any) -> Any:
+        if self.answer_after:
+            if not isinstance(answer, str) or self.answer_after not in answer:
+                return None
+            answer = answer.rsplit(self.answer_after, 1)[1].strip()
+        return number_reference(answer) if self.checker in ("", "number") else answer
+
+    def check(self, row: dict, submitted: Any) -> bool:
+        """The checker's verdict on a submitted value against the row's reference."""
+        return bool(self._check(submitted, self.answer_of(row), row))
+
+    def setup(self, row: dict) -> str:
+        """The data columns as variables of the same names (``table = [...]``); "" without data columns."""
+        lines = []
+        for c in self.data_columns:
+            value = row[c]
+            text = repr(value)
+            try:
+                same = ast.literal_eval(text) == value
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                same = False
+            if not same:
+                raise TaskError(f"{self.name}: column {c!r} of {row_label(row)} holds a {type(value).__name__}, "
+                                "which is not a Python literal (numbers, strings, lists, dicts)")
+            lines.append(f"{c} = {text}")
+        return "\n".join(lines)
+
+
+def slice_bounds(start: str | None, stop: str | None, n: int) -> tuple[int, int]:
+    """``[start:stop]`` of a split of n rows as range bounds; "10%" is 10 percent of n (rounded down)."""
+
+    def bound(text: str | None, default: int) -> int:
+        if text is None:
+            return default
+        k = int(text[:-1]) * n // 100 if text.endswith("%") else int(text)
+        return max(0, min(n, k + n if k < 0 else k))
+
+    return bound(start, 0), max(bound(start, 0), bound(stop, n))
+
+
+def split_files(path: Path, config: str | None, task: str = "dataset") -> tuple[str, dict[str, list[str]]]:
+    """(builder, {split: files}) for a directory of per-split data files; a snapshot's config subdirectory is used
+    when the directory itself holds none."""
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in BUILDERS)
+    if not files and config and (path / config).is_dir():
+        return split_files(path / config, None, task)
+    builders = {BUILDERS[p.suffix] for p in files}
+    if len(builders) != 1:
+        what = "mixes file types" if builders else "has no .jsonl, .json, .parquet or .csv files"
+        raise TaskError(f"{task} data '{path}' {what}")
+    data_files: dict[str, list[str]] = {}
+    for p in files:
+        split = re.match(r"\w+", p.stem.split("-")[0])
+        if split is None:
+            raise TaskError(f"{task} data '{path}': cannot tell the split of {p.name} (name files train.jsonl, ...)")
+        data_files.setdefault(split[0], []).append(str(p))
+    return builders.pop(), data_files
+
+
+def number_reference(value: Any) -> int | Fraction | None:
+    """A reference read as a number: int when whole, else a Fraction; None when it is not one number."""
+    x = parse_number(value)
+    return None if x is None else (int(x) if x.denominator == 1 else x)

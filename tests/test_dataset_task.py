@@ -1,0 +1,145 @@
+"""The dataset task (any dataset as a task) and its checkers; gsm8k is its preset, with the same rows and checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from replrl.config import Config
+from replrl.configlib import ConfigError, resolve
+from replrl.evaluation import task_from_config
+from replrl.tasks import GSM8K_HEADER, DatasetTask, GSM8KTask, TaskError, load_task
+from replrl.tasks.checkers import exact, make_checker, number_set, numbers
+from tests.helpers_models import GSM8K_DIR
+
+ROWS = [{"problem": f"What is {k} + {k}?", "solution": f"{2 * k}", "table": [k, k]} for k in range(10)]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_checkers_by_name():
+    assert exact(" Paris", "Paris ") and not exact("paris", "Paris") and not exact(None, "None")
+    number = make_checker("number")
+    assert number("1,080", 1080) and number("$18", "18") and number(0.1 * 3, "0.3") and not number("18 eggs", 18)
+    assert number_set("[3, 1, 2]") == number_set([1, 2, 3]) == number_set("1 2 3 3")  # order and repeats ignored
+    assert numbers("3, 1, 2", [1, 2, 3]) and numbers(2, "2") and not numbers("1, 2", "1, 2, 3")
+    assert not numbers("1, two", "1, 2") and not numbers("", "")  # nothing or a word: no set
+    with pytest.raises(TaskError, match="^task.checker must be one of exact, number, numbers, math"):
+        make_checker("fuzzy")
+
+
+def test_math_checker_uses_math_verify_or_is_refused_in_one_line(monkeypatch):
+    if sys.modules.get("math_verify", None) is not None or _installed("math_verify"):
+        math = make_checker("math")
+        assert math("\\frac{1}{2}", "0.5") and math("1/2", "$\\frac{1}{2}$") and not math("1/3", "0.5")
+        assert not math(None, "0.5")
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # as if it were not installed
+    with pytest.raises(TaskError, match=r"^task.checker = math needs math-verify, which is not installed: pip install "
+                                        r"'replrl\[math\]'"):
+        make_checker("math")
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_a_user_checker_by_import_path_gets_the_arguments_it_declares(tmp_path, monkeypatch):
+    (tmp_path / "my_checks.py").write_text(
+        "def close(submitted, reference, row):\n    return abs(float(submitted) - float(reference)) <= row['tol']\n"
+        "def plain(a, b):\n    return str(a).lower() == str(b).lower()\n")
+    monkeypatch.chdir(tmp_path)  # imported as Python imports it: the working directory first
+    close = make_checker("my_checks:close")
+    assert close("2.05", 2, {"tol": 0.1}) and not close("2.5", 2, {"tol": 0.1})
+    assert make_checker("my_checks:plain")("PARIS", "paris", None)  # other names: fn(submitted, reference)
+    with pytest.raises(TaskError, match="^checker 'my_checks:nope' cannot be imported"):
+        make_checker("my_checks:nope")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_a_local_file_with_a_column_map_sliced_into_train_and_eval(tmp_path, suffix):
+    import datasets
+
+    rows = [{k: v for k, v in r.items() if k != "table"} for r in ROWS]
+    path = tmp_path / f"problems{suffix}"
+    if suffix == ".jsonl":
+        write_jsonl(path, rows)
+    elif suffix == ".csv":
+        datasets.Dataset.from_list(rows).to_csv(str(path), index=False)
+    else:
+        datasets.Dataset.from_list(rows).to_parquet(str(path))
+    task = DatasetTask(data=str(path), columns={"question": "problem", "answer": "solution"})
+    train, test = task.rows("train[3:]"), task.rows("train[:3]")
+    assert [r["problem"] for r in test] == ["What is 0 + 0?", "What is 1 + 1?", "What is 2 + 2?"]
+    assert len(train) == 7 and train[0]["problem"] == "What is 3 + 3?"
+    assert len(task.rows("train[:50%]")) == 5 and len(task.rows("train[-2:]")) == 2
+    row = test[2]
+    assert task.answer_of(row) == 4 and task.check(row, "4") and task.check(row, 4.0) and not task.check(row, 5)
+    assert task.header(row) == ("Solve the problem using the Python REPL below. Compute the answer with Python, "
+                                "then call submit(answer) with the final answer.\n\nProblem: What is 2 + 2?")
+    with pytest.raises(TaskError, match=r"is one file with one split, 'train', and has no split 'test': slice it"):
+        task.rows("test")
+
+
+def test_python_data_data_columns_a_system_prompt_and_the_exact_checker(tmp_path):
+    import datasets
+
+    task = DatasetTask(data=datasets.Dataset.from_list(ROWS), checker="exact", system_prompt="Add the numbers.",
+                       columns={"question": "problem", "answer": "solution", "data": "table"})
+    row = task.rows("train")[1]
+    assert task.header(row) == "Add the numbers.\n\nThe problem's data is in the variable table.\n\nProblem: " \
+                               "What is 1 + 1?"
+    assert task.setup(row) == "table = [1, 1]"  # run in the kernel before the first line
+    assert task.answer_of(row) == "2" and task.check(row, "2") and not task.check(row, 2.0)  # exact: text
+    listed = DatasetTask(data=ROWS[:2], columns={"question": "problem", "answer": "solution"})
+    assert len(listed.rows("train")) == 2
+    for bad, message in [
+        ({"columns": {"question": "problem", "answer": "solution", "data": "solution"}}, "must not hold the answer"),
+        ({"columns": {"question": "problem", "answr": "solution"}}, "'answr' is not one of question, answer, data"),
+        ({"columns": {"question": "problem"}}, r"has no field 'answer' \(fields: problem, solution, table\)"),
+        ({"columns": {"question": "problem", "answer": "problem"}, "checker": "number"},
+         r"split 'train' row 0: answer is not a number \(use checker = \"exact\" for text answers\)"),
+        ({"columns": {"question": "problem", "answer": "solution"}, "header_template": "{question} {solution}"},
+         "must not contain {solution}"),
+    ]:
+        with pytest.raises(TaskError, match=message):
+            DatasetTask(data=ROWS, **bad)
+    with pytest.raises(TaskError, match="^dataset data '/no/such.jsonl' not found$"):
+        DatasetTask(data="/no/such.jsonl")
+
+
+def test_gsm8k_is_a_preset_of_the_dataset_task_with_the_same_rows_and_checks():
+    gsm8k = GSM8KTask(data=str(GSM8K_DIR))
+    same = DatasetTask(data=str(GSM8K_DIR), answer_after="####", header_template=GSM8K_HEADER)
+    for split in ("train", "test"):
+        a, b = gsm8k.rows(split), same.rows(split)
+        assert len(a) == len(b) and list(a) == list(b)
+        for row in a.select(range(min(len(a), 100))):
+            assert gsm8k.answer_of(row) == same.answer_of(row) and gsm8k.header(row) == same.header(row)
+            for guess in (gsm8k.answer_of(row), str(gsm8k.answer_of(row)), gsm8k.answer_of(row) + 1, "x"):
+                assert gsm8k.check(row, guess) == same.check(row, guess)
+    assert isinstance(gsm8k, DatasetTask) and gsm8k.name == "gsm8k"
+
+
+def test_the_dataset_task_from_config_fields(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    cfg = resolve(Config, None, {"task": {"name": "dataset", "data": str(path), "checker": "numbers",
+                                          "columns": '{"question": "problem", "answer": "solution", "data": "table"}',
+                                          "system_prompt": "Go.", "train_split": "train[2:]",
+                                          "eval_split": "train[:2]"}})
+    task = task_from_config(cfg)
+    assert isinstance(task, DatasetTask) and task.checker == "numbers" and task.data_columns == ["table"]
+    assert task.header(task.rows(cfg.task.eval_split)[0]).startswith("Go.")
+    assert isinstance(load_task("dataset", data=str(path), columns={"question": "problem", "answer": "solution"}),
+                      DatasetTask)
+    for fields, message in [({"checker": "fuzzy"}, "task.checker must be one of exact, number, numbers, math"),
+                            ({"columns": {"q": "x"}}, "task.columns: 'q' is not one of question, answer, data")]:
+        with pytest.raises(ConfigError, match=message):
+            resolve(Config, None, {"task": fields})
