@@ -131,7 +131,6 @@ def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None
                 part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave], rewards,
                                            cfg.rollout.sampling(), EpisodeRules.from_config(cfg.rollout),
                                            group_size=group_size, chat_template=cfg.model.chat_template))
-                rewards.score_episodes_sync(part, chosen[start:start + wave])  # episode-level reward functions
                 trajs += part
     return trajs[:n]
 

@@ -117,7 +117,6 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
             part, _ = run_sync(rollout(generator, pool, task, wave, rewards, sampling, rules,
                                        group_size=samples_per_problem, chat_template=cfg.model.chat_template,
                                        progress=progress))
-            rewards.score_episodes_sync(part, wave)  # episode-level reward functions
             if waves is not None:
                 waves.add(key, part)
         trajs += part

@@ -275,8 +275,10 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
     if tree is not None and tree.on:
         from .tree import tree_rollout
 
-        return await tree_rollout(generator, pool, task, rows, rewards, sampling, rules, tree, chat_template,
-                                  progress)
+        trajs, stats = await tree_rollout(generator, pool, task, rows, rewards, sampling, rules, tree,
+                                          chat_template, progress)
+        await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions)
+        return trajs, stats
     tok = generator.tokenizer
     prompts, meta = [], []
     for g, (row_index, row) in enumerate(rows):
@@ -313,6 +315,7 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
                          extra={"setup_s": sum(t.timing.get("setup_s", 0.0) for t in trajs),
                                 **{f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()},
                                 **{f"gen_{k}": float(v) for k, v in getattr(gen, "timing", {}).items()}})
+    await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions), all at once
     return trajs, stats
 
 

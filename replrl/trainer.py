@@ -451,7 +451,6 @@ class Trainer:
             trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
                                             self.rules, group_size=cfg.rollout.group_size,
                                             chat_template=cfg.model.chat_template, tree=self.tree))
-            rewards.score_episodes_sync(trajs, problems)  # episode-level reward functions, into outcome_rewards
             groups, wave_stats = gather_object(split_by_group(trajs)) if self.world > 1 else split_by_group(trajs), {}
         every_rank = [t for g in groups for t in g]  # every group of every rank, in the order drawn
         if self.world > 1 and self.tree.on:  # the tree/ figures of every rank's trees, not this rank's alone
@@ -529,7 +528,6 @@ class Trainer:
             trajs, wave_stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards,
                                                  self.wave_sampling(len(waves)), self.rules, group_size=probe or G,
                                                  chat_template=self.cfg.model.chat_template, tree=self.tree))
-            rewards.score_episodes_sync(trajs, problems)  # before the contrast is judged: they are outcome terms
             parts.append((wave_stats, len(trajs)))
             local_groups = split_by_group(trajs)
             assert len(local_groups) == len(problems), "every problem has a group (a tree has at least its roots)"
@@ -578,7 +576,6 @@ class Trainer:
                                             rewards, self.wave_sampling(wave), self.rules,
                                             group_size=cfg.group_size - cfg.dynamic_sampling_probe,
                                             chat_template=self.cfg.model.chat_template))
-            rewards.score_episodes_sync(trajs, [problems_drawn[i] for i in mine])
             parts.append((stats, len(trajs)))
             more = split_by_group(trajs)
         added = list(zip(mine, more, strict=True))

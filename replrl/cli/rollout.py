@@ -79,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
                 part, st = await rollout(generator, pool, task, chosen[start:start + wave], rewards,
                                          cfg.rollout.sampling(), rules, group_size=args.group_size,
                                          chat_template=cfg.model.chat_template, progress=bar)
-                await rewards.score_episodes(part, chosen[start:start + wave])  # episode-level reward functions
                 trajs += part
                 stats = st if stats is None else stats.merge(st)
         return trajs, stats
