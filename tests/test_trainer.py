@@ -36,7 +36,7 @@ def toy_config(model_dir: Path, **run: object) -> Config:
         "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
                     "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 8},
-        "run": {"max_steps": 2, "save_every": 1, "log_samples_every": 1, "tensorboard": False, "eval_n": 0,
+        "run": {"max_steps": 2, "save_every": 1, "log_samples_every": 1, "eval_n": 0,
                 "time_budget_min": 0, **run},
     })
 
@@ -232,6 +232,7 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, sig):
     steps = [r["step"] for r in read_metrics(run)]
     assert 1 <= len(steps) < 50
     assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == steps[-1]
+    assert checkpoint.model_step(run / "model") == steps[-1]  # the final model is written at Ctrl-C too
     assert not list(tmp.glob("replrl-kernel-*")), "a sandbox's directory was left behind"
 
 
