@@ -156,7 +156,8 @@ def open_trackers(names: Sequence[str], run_dir: str | Path, project: str = "rep
         else:
             import mlflow
 
-            if not os.environ.get("MLFLOW_TRACKING_URI"):
+            if not os.environ.get("MLFLOW_TRACKING_URI"):  # a file store in the run (MLflow 3 asks to allow it)
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
                 mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
             tracker = MLflowTracker(experiment_name=project, run_name=name)
         tracker.start()

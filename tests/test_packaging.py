@@ -34,7 +34,10 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_replrl(tmp_path):
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    # no pip of its own: the venv's bundled setuptools may predate bdist_wheel; this interpreter's pip and
+    # setuptools (seen through --system-site-packages) install into the venv
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=300)
     py, exe = venv / "bin" / "python", venv / "bin" / "replrl"
     pip = subprocess.run([str(py), "-m", "pip", "install", "--no-index", "--no-build-isolation", str(src)],
                          capture_output=True, text=True, timeout=600)

@@ -165,6 +165,7 @@ def test_mlflow_file_store_holds_the_metrics_jsonl_values(tracked):
     from mlflow.tracking import MlflowClient
 
     run, _, rows = tracked
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # what the run set for itself
     client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
     (experiment,) = [e for e in client.search_experiments() if e.name == "replrl-test"]
     (found,) = client.search_runs([experiment.experiment_id])

@@ -173,6 +173,8 @@ def replrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (["--task.name", "gsm8k", "--task.data", "/no/such/data.jsonl"], "not found"),
     (["--advantages.estimator", "line_rgt"], "unknown estimator 'line_rgt'; known: line, line_rtg, outcome"),
     (["--run.transfer_task", '{"name": "gsm8k", "data": "/no/such/gsm8k"}'], "not found"),
+    (["--run.report_to", "tensorboard,neptune"], "run.report_to must be one of tensorboard, wandb, trackio, mlflow; "
+                                                 "got 'neptune'"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
     proc = replrl("train", SMOKE, "--run-dir", str(tmp_path / "r"), *args)
