@@ -8,14 +8,20 @@ Layout of a run directory::
     samples.jsonl          a few transcripts every N steps
     checkpoints/LATEST     name of the newest complete checkpoint
     checkpoints/step-000010/{model/, optimizer.pt, scheduler.pt, rng.pt, state.json}
+    model/                 the final policy (run.save_model), loadable by AutoModelForCausalLM.from_pretrained: a
+                           LoRA run's adapters merged into the base weights, the adapter itself in model/adapter/;
+                           model/replrl.json says at which step. `sweep --prune` keeps it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,10 @@ import torch
 
 CKPT_DIR = "checkpoints"
 LATEST = "LATEST"
+MODEL_DIR = "model"
+"""The final policy of a run, in Hugging Face format (``save_model``)."""
+MODEL_INFO = "replrl.json"
+"""In a ``save_model`` directory: the step it was saved at and the base model."""
 
 
 class CheckpointError(OSError):
@@ -77,8 +87,9 @@ def save(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, s
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        model.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
+        with quiet_saves():
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+            tokenizer.save_pretrained(tmp / "model")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
@@ -98,6 +109,63 @@ def save(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, s
     return final
 
 
+@contextlib.contextmanager
+def quiet_saves() -> Iterator[None]:
+    """No "Writing model shards" bar from transformers while a model is written (it lands in the training bar)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def merged(model: Any) -> Any:
+    """A plain transformers model with ``model``'s weights: a peft model's adapters merged into a copy of its base
+    (the training model is left as it is); any other model as it is."""
+    if hasattr(model, "merge_and_unload"):
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
+def save_model(out: str | Path, model: Any, tokenizer: Any, step: int, base_model: str = "") -> Path:
+    """Write ``model`` to ``out`` in Hugging Face format, atomically (a temporary directory renamed over the old
+    one): a peft model merged into its base weights, its adapter in ``out/adapter/``; ``out/replrl.json`` records
+    ``step`` and ``base_model``. What a plain ``AutoModelForCausalLM.from_pretrained(out)`` loads."""
+    out = Path(out)
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        with quiet_saves():
+            if hasattr(model, "merge_and_unload"):
+                model.save_pretrained(tmp / "adapter", safe_serialization=True)
+                tokenizer.save_pretrained(tmp / "adapter")
+            merged(model).save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+        (tmp / MODEL_INFO).write_text(json.dumps({"step": step, "base_model": base_model,
+                                                  "lora": hasattr(model, "merge_and_unload")}))
+        _fsync_tree(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write the model to {out}: {err.strerror or err}") from None
+    return out
+
+
+def model_step(path: str | Path) -> int | None:
+    """The step of a ``save_model`` directory (None: not one)."""
+    try:
+        return int(json.loads((Path(path) / MODEL_INFO).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def latest(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run (LATEST, or the highest complete step-* if LATEST is missing)."""
     root = Path(run_dir) / CKPT_DIR
@@ -111,12 +179,17 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def model_of(spec: str) -> str:
-    """A model spec with a run directory (it holds config.toml) replaced by its latest checkpoint's model."""
+    """A model spec with a run directory (it holds config.toml) replaced by its final model (RUN/model) or, where a
+    checkpoint is newer (a resumed run in progress) or there is no final model, its latest checkpoint's model."""
     path = Path(spec)
     if (path / "config.toml").exists():
-        ckpt = latest(path)
+        ckpt, final = latest(path), path / MODEL_DIR
+        final_step = model_step(final)
+        if final_step is not None and (ckpt is None or final_step >= json.loads((ckpt / "state.json").read_text())
+                                       .get("step", 0)):
+            return str(final)  # the final model (also after `sweep --prune` deleted the checkpoints)
         if ckpt is None:
-            raise ValueError(f"run directory {spec!r} has no checkpoint yet")
+            raise ValueError(f"run directory {spec!r} has no checkpoint and no final model yet")
         return str(ckpt / "model")
     return spec
 

@@ -405,8 +405,20 @@ class RunConfig:
     """How many checkpoints to keep."""
     log_samples_every: int = 2
     """Write a few sample transcripts to samples.jsonl every N steps (0: never)."""
-    tensorboard: bool = True
-    """Also write TensorBoard events when tensorboard is installed."""
+    report_to: list[str] = field(default_factory=list)
+    """Trackers fed the same per-step figures as metrics.jsonl, through accelerate's trackers, plus a table of
+    sampled episodes (code, output, rewards) where the tracker has tables (wandb, trackio, mlflow): any of
+    tensorboard (events in RUN/tensorboard), wandb, trackio, mlflow, e.g. ["tensorboard", "wandb"] or on the command
+    line --run.report_to tensorboard,wandb. A tracker that is not installed stops the run at its start with a
+    one-line error (pip install 'replrl[trackers]'). Empty: metrics.jsonl only. Replaces run.tensorboard (an older
+    run's saved tensorboard = true reads as ["tensorboard"] where tensorboard is installed)."""
+    project: str = "replrl"
+    """The W&B or Trackio project (MLflow: experiment) the run is logged under; the run is named after its
+    directory."""
+    save_model: bool = True
+    """At the end of the run (and at Ctrl-C) write the final policy to RUN/model/ in Hugging Face format, loadable by
+    AutoModelForCausalLM.from_pretrained (a LoRA run: adapters merged into the base weights, the adapter itself
+    kept in RUN/model/adapter/). `replrl export` adds a model card and pushes it to the Hub."""
 
     def __post_init__(self) -> None:
         check_positive("run", self, "max_steps", "keep_checkpoints")
@@ -430,6 +442,8 @@ class RunConfig:
         if self.transfer_task and not self.transfer_task.get("name"):
             raise ConfigError('run.transfer_task needs a task name, e.g. {name = "gsm8k"}')
         self.extra_evals()  # every table is valid
+        for name in self.report_to:
+            check_choice("run.report_to", name, TRACKERS)
 
     def eval_sampling_temperature(self, training: float) -> float:
         """The temperature held-out episodes are sampled at, given the training temperature."""
@@ -457,6 +471,8 @@ GREEDY_TEMPERATURE = 1e-6
 """The temperature run.eval_temperature = 0 samples at: every backend samples at a temperature > 0, and at this one
 the most likely token has all the probability but when two logits are within about 1e-5 of each other (vLLM
 samples below 1e-5 greedily)."""
+TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
+"""The trackers run.report_to may name (accelerate's tracker of each name)."""
 
 
 EXTRA_EVAL_LIMITS = ("max_lines", "max_line_tokens", "max_total_tokens", "max_output_tokens", "max_repeats", "wall_s")
@@ -537,6 +553,21 @@ class Config:
         if self.rollout.dynamic_sampling_probe and self.tree.branch_at:
             raise ConfigError("rollout.dynamic_sampling_probe screens flat groups; a tree (tree.branch_at) is judged "
                               "whole: set one of them")
+
+    @staticmethod
+    def upgrade(values: dict[str, Any]) -> dict[str, Any]:
+        """A saved config of an older replrl, in today's keys: run.tensorboard (a bool: TensorBoard events when
+        tensorboard was installed) became run.report_to; true reads as ["tensorboard"] where it is installed."""
+        run = values.get("run")
+        if not isinstance(run, dict) or "tensorboard" not in run:
+            return values
+        run = dict(run)
+        old = run.pop("tensorboard")
+        if old in (True, "true") and not run.get("report_to"):
+            import importlib.util
+
+            run["report_to"] = ["tensorboard"] if importlib.util.find_spec("tensorboard") else []
+        return {**values, "run": run}
 
     @staticmethod
     def implied_defaults(values: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -98,6 +98,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return dict(value)
     elif origin is list:
         value = _json_or_same(value)
+        if isinstance(value, str):  # the command line's a,b,c
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if isinstance(value, (list, tuple)):
             (arg,) = typing.get_args(hint) or (Any,)
             return [v if arg is Any else _coerce(key, v, arg) for v in value]
@@ -133,6 +135,8 @@ def _unknown(key: str, known: list[str]) -> ConfigError:
 
 def build(config_cls: type, values: dict[str, Any]) -> Any:
     """A config from nested ``{section: {field: value}}``; unknown keys and wrong types raise ConfigError."""
+    upgrade = getattr(config_cls, "upgrade", None)  # keys of older saved configs, renamed
+    values = upgrade(values) if upgrade is not None else values
     secs = sections(config_cls)
     all_keys = [f"{s}.{f.name}" for s, c in secs.items() for f in dataclasses.fields(c)]
     kwargs = {}

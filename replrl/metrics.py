@@ -1,4 +1,5 @@
-"""Per-step metrics: ``metrics.jsonl`` in the run directory (plus TensorBoard when installed), sample transcripts."""
+"""Per-step metrics: one writer fans the same dict out to ``metrics.jsonl`` in the run directory and to accelerate's
+trackers (``run.report_to``: TensorBoard, W&B, Trackio, MLflow); sample transcripts, also as tracker tables."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .configlib import ConfigError
 from .types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,89 @@ def held_out_labels(row: dict[str, Any]) -> set[str]:
     return {p[:-1] for k in row if (p := held_out_prefix(k))}
 
 
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow"}
+"""The package each tracker of run.report_to imports."""
+TABLE_COLUMNS = ["step", "eval", "row", "code", "output", "reward", "rewards", "answer", "correct", "end_reason"]
+"""Columns of the episode tables sent to trackers that have tables."""
+
+
+def check_trackers(names: Sequence[str]) -> None:
+    """A tracker of run.report_to that is not installed: one ConfigError line, before any work."""
+    import importlib.util
+
+    missing = [n for n in names if importlib.util.find_spec(TRACKER_PACKAGES[n]) is None]
+    if missing:
+        raise ConfigError(f"run.report_to names {', '.join(missing)}, which is not installed: pip install "
+                          f"{' '.join(TRACKER_PACKAGES[n] for n in missing)} (or 'replrl[trackers]'), or drop it "
+                          "from run.report_to")
+
+
+def open_trackers(names: Sequence[str], run_dir: str | Path, project: str = "replrl",
+                  config: dict[str, Any] | None = None, resume_after: int = 0) -> list[Any]:
+    """accelerate's tracker of each name, started, with the run's ``config`` stored where the tracker keeps one. The
+    run is named after its directory; TensorBoard writes to RUN/tensorboard (a resumed run drops the events after
+    ``resume_after``, as metrics.jsonl drops its rows), W&B its offline files to RUN/wandb, MLflow to
+    MLFLOW_TRACKING_URI (else RUN/mlruns)."""
+    from accelerate import PartialState
+    from accelerate.tracking import MLflowTracker, TensorBoardTracker, TrackioTracker, WandBTracker
+
+    check_trackers(names)
+    PartialState()  # accelerate's trackers log through its logging, which wants its state
+    run_dir = Path(run_dir)
+    name = run_dir.resolve().name
+    flat = _flat_config(config or {})
+    trackers: list[Any] = []
+    for tracker_name in dict.fromkeys(names):
+        if tracker_name == "tensorboard":
+            tracker = TensorBoardTracker("tensorboard", run_dir, purge_step=resume_after + 1)
+        elif tracker_name == "wandb":
+            tracker = WandBTracker(project, name=name, dir=str(run_dir), config=flat)
+        elif tracker_name == "trackio":
+            tracker = TrackioTracker(project, name=name, config=flat)
+        else:
+            import mlflow
+
+            if not os.environ.get("MLFLOW_TRACKING_URI"):  # a file store in the run (MLflow 3 asks to allow it)
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+                mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+            tracker = MLflowTracker(experiment_name=project, run_name=name)
+        tracker.start()
+        if tracker_name == "mlflow":
+            tracker.store_init_configuration(flat)
+        trackers.append(tracker)
+    return trackers
+
+
+def _flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"run.max_steps": 200, ...}: scalars as they are, lists and tables as JSON text (what trackers store)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict) and not prefix:
+            out.update(_flat_config(v, f"{k}."))
+        elif isinstance(v, (bool, int, float, str)) or v is None:
+            out[prefix + k] = v
+        else:
+            out[prefix + k] = json.dumps(v, default=str)
+    return out
+
+
+def episode_table(step: int, trajs: Sequence[Trajectory], label: str = "train") -> list[list[Any]]:
+    """Rows of TABLE_COLUMNS, one per episode: the model's code and the interpreter's output as the transcript shows
+    them, the total reward and each term's sum."""
+    rows = []
+    for t in trajs:
+        terms: dict[str, float] = dict(t.outcome_rewards)
+        for line in t.lines:
+            for k, v in line.rewards.items():
+                terms[k] = terms.get(k, 0.0) + v
+        code = "\n".join(line.prompt + line.code for line in t.lines)
+        output = "\n".join(line.output.rstrip("\n") for line in t.lines if line.output)
+        rows.append([step, label, t.row, code, output, round(t.reward, 6),
+                     json.dumps({k: round(v, 6) for k, v in terms.items() if v}), repr(t.answer)
+                     if t.submitted else "", bool(t.correct), t.end_reason])
+    return rows
+
+
 class MetricsWriter:
     """Appends one JSON object per step. On resume, lines after the resumed step (written after the last checkpoint
     by the interrupted run) are dropped first, so the file continues as one consistent series; the episode files
@@ -119,7 +204,7 @@ class MetricsWriter:
     go too (their finished waves stay in eval_waves.jsonl, see ``EvalWaves``); a fresh start empties them all.
     ``logged(step, label)`` tells the resumed run which evaluations it need not repeat."""
 
-    def __init__(self, run_dir: str | Path, resume_after: int = 0, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path, resume_after: int = 0, trackers: Sequence[Any] = ()):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         self.kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= resume_after] if resume_after \
@@ -128,14 +213,8 @@ class MetricsWriter:
         self._cut_samples(resume_after)  # a fresh start (after a run killed before its first save) keeps none
         self._cut_waves(resume_after)
         self._file = open(self.path, "a")
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_after + 1)
-            except ImportError:
-                log.info("tensorboard is not installed: metrics go to metrics.jsonl only")
+        self.trackers = list(trackers)
+        """accelerate's trackers (``open_trackers``), fed every row written to metrics.jsonl."""
 
     def _evaluated(self) -> set[tuple[int, str]]:
         """(step, label) of every held-out evaluation whose figures the kept rows log."""
@@ -176,10 +255,9 @@ class MetricsWriter:
         row = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, step)
+        scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        for tracker in self.trackers:  # the row's own (rounded) values: what metrics.jsonl holds
+            tracker.log(scalars, step=step)
 
     def samples(self, step: int, trajs: Sequence[Trajectory], file: str = "samples.jsonl",
                 extra: dict[str, Any] | None = None) -> None:
@@ -187,8 +265,28 @@ class MetricsWriter:
         with open(self.run_dir / file, "a") as f:
             for t in trajs:
                 f.write(json.dumps({"step": step, **(extra or {}), **t.to_dict()}) + "\n")
+        if self.trackers and trajs:
+            self._table(step, trajs, (extra or {}).get("eval", "train"))
+
+    def _table(self, step: int, trajs: Sequence[Trajectory], label: str) -> None:
+        """The episodes as a table ("samples" or "eval_samples/<label>") in each tracker that has tables."""
+        rows = episode_table(step, trajs, label)
+        key = "samples" if label == "train" else f"eval_samples/{label}"
+        for tracker in self.trackers:
+            if tracker.name == "wandb":
+                tracker.log_table(key, columns=TABLE_COLUMNS, data=rows, step=step)
+            elif tracker.name == "trackio":
+                import trackio
+
+                tracker.log({key: trackio.Table(columns=TABLE_COLUMNS, data=rows)}, step=step)
+            elif tracker.name == "mlflow":
+                import mlflow
+
+                mlflow.log_table({c: [r[i] for r in rows] for i, c in enumerate(TABLE_COLUMNS)},
+                                 artifact_file=f"{key}/step-{step:06d}.json")
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []

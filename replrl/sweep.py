@@ -310,7 +310,8 @@ def sweep(spec: str | Path | Mapping[str, Any], out: str | Path, parallel: int =
     overrides every run's value (e.g. a local copy of a dataset). ``progress``: a line as each run starts and one as
     it ends, to stderr (True), to a function of one string, or nowhere (False). Runs that fail leave the others
     running; at the end a SweepError names them (each run's ``train.log`` holds its output). ``prune``: delete a run's
-    checkpoints once it is done (metrics, samples and logs stay; a pruned run cannot be continued further)."""
+    checkpoints once it is done (its final model in model/, metrics, samples and logs stay; a pruned run cannot be
+    continued further)."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1; got {parallel}")
     runs = plan(spec, out, steps, sets)

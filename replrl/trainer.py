@@ -46,7 +46,7 @@ from .advantages import (
 from .backends import close_generator, load_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
-from .configlib import ConfigError, to_toml
+from .configlib import ConfigError, to_dict, to_toml
 from .dynamic_sampling import (
     WAVE_SEED_STRIDE,
     WaveRecord,
@@ -59,7 +59,7 @@ from .dynamic_sampling import (
 )
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
 from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
-from .metrics import EvalWaves, MetricsWriter
+from .metrics import EvalWaves, MetricsWriter, check_trackers, open_trackers
 from .policy import enable_gradient_checkpointing, load_policy
 from .provenance import record_environment
 from .rewards import RewardModel
@@ -162,6 +162,8 @@ class Trainer:
             raise ConfigError(f"advantages.estimator: unknown estimator {cfg.advantages.estimator!r}; known: "
                               f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} (register yours with "
                               "@replrl.advantages.advantage_estimator before training)")
+        if self.main:
+            check_trackers(cfg.run.report_to)  # a tracker not installed: one line now, before any work
         self._check_run_dir(resume)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
@@ -218,8 +220,8 @@ class Trainer:
         self._resumed = resume
         if resume:
             self._resume()
-        self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, tensorboard=cfg.run.tensorboard) \
-            if self.main else NullMetrics()
+        self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, trackers=open_trackers(
+            cfg.run.report_to, self.run_dir, cfg.run.project, to_dict(cfg), self.step)) if self.main else NullMetrics()
         if self.main:  # which code and libraries this stretch of the run ran on (a resumed run may differ)
             record_environment(self.run_dir, self.step, backend=cfg.model.backend, device=str(self.accelerator.device),
                                processes=self.world, isolation=self.isolation)
@@ -340,6 +342,8 @@ class Trainer:
                     break
             if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
                 self.save()
+            if self.step and cfg.run.save_model:  # the final policy, in Hugging Face format (merged LoRA)
+                self.save_model()
             if self.main and cfg.run.eval_n and self.step and not self._stop and not self._eval_due(self.step):
                 self.evaluate_all(pool, "after")
         finally:
@@ -751,6 +755,15 @@ class Trainer:
     def _evals_key(label: str, when: str) -> str:
         """Where ``evals`` keeps a held-out task's figures: "before"/"after" for eval, "<label>_<when>" else."""
         return when if label == "eval" else f"{label}_{when}"
+
+    def save_model(self, out: str | Path | None = None) -> Path | None:
+        """The policy as it is now, in Hugging Face format, to ``out`` (default RUN/model; written by the main
+        process): a LoRA model merged into its base weights, its adapter kept in ``adapter/`` beside them."""
+        if not self.main:
+            return None
+        return checkpoint.save_model(out or self.run_dir / checkpoint.MODEL_DIR,
+                                     self.accelerator.unwrap_model(self.model), self.tokenizer, self.step,
+                                     base_model=self.cfg.model.name)
 
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""

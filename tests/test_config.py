@@ -180,11 +180,11 @@ def test_help_shows_type_default_and_choices_and_bools_are_bare_flags(tmp_path):
     assert "(str, default: 'token_mean'; choices: token_mean, seq_mean, constant)" in text  # loss.agg
     assert "--rollout.group_size INT" in text and "(int, default: 8)" in text
     assert "--run.eval_before [BOOL]" in text and "--rewards.weights TABLE" in text
-    args = parser.parse_args(["--run.eval_before", "--optim.gradient_checkpointing", "false", "--run.tensorboard"])
-    assert overrides_from_args(args) == {"run": {"eval_before": "true", "tensorboard": "true"},
+    args = parser.parse_args(["--run.eval_before", "--optim.gradient_checkpointing", "false", "--run.save_model"])
+    assert overrides_from_args(args) == {"run": {"eval_before": "true", "save_model": "true"},
                                          "optim": {"gradient_checkpointing": "false"}}
     cfg = resolve(Config, None, overrides_from_args(args))
-    assert cfg.run.eval_before is True and cfg.optim.gradient_checkpointing is False
+    assert cfg.run.eval_before is True and cfg.optim.gradient_checkpointing is False and cfg.run.save_model is True
     args = settle_config_file(parser.parse_args(["--model.chat_template", "my.toml"]))  # a bare flag, then a file
     assert args.config == "my.toml" and overrides_from_args(args) == {"model": {"chat_template": "true"}}
 

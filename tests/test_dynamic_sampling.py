@@ -38,7 +38,7 @@ def toy(model_dir: Path, digits: tuple[int, ...] = (1, 2, 3, 4), **rollout_opts:
         "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
                     "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0, **rollout_opts},
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 8},
-        "run": {"max_steps": 1, "save_every": 1, "log_samples_every": 0, "tensorboard": False, "eval_n": 0,
+        "run": {"max_steps": 1, "save_every": 1, "log_samples_every": 0, "eval_n": 0,
                 "time_budget_min": 0},
     })
 

@@ -76,7 +76,7 @@ def tree_config(model_dir: Path, branch_at: list[int], **rollout_opts: Any) -> C
         "tree": {"roots": 2, "branch_at": branch_at, "width": 2},
         "advantages": {"estimator": "tree"},
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 8},
-        "run": {"max_steps": 1, "save_every": 1, "log_samples_every": 0, "tensorboard": False, "eval_n": 0,
+        "run": {"max_steps": 1, "save_every": 1, "log_samples_every": 0, "eval_n": 0,
                 "time_budget_min": 0},
     })
 

@@ -198,7 +198,7 @@ def test_first_minibatch_ratio_is_one_on_every_model_token(sensitive_model_dir, 
         "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 8, "max_line_tokens": 24,
                     "max_total_tokens": 512, "max_output_tokens": 64, "wall_s": 2.0, "temperature": 0.7},
         "optim": {"lr": 1e-3, "micro_batch": 3, "epochs": 2 if reuse else 1, "minibatches": 2 if reuse else 1},
-        "run": {"max_steps": 1, "save_every": 0, "eval_n": 0, "log_samples_every": 0, "tensorboard": False,
+        "run": {"max_steps": 1, "save_every": 0, "eval_n": 0, "log_samples_every": 0,
                 "time_budget_min": 0},
     })
     trainer = Trainer(cfg, tmp_path / "run", progress=False)

@@ -148,7 +148,6 @@ def test_a_run_on_a_jsonl_with_reward_functions_from_one_config_file(format_mode
         eval_samples = 2
         eval_temperature = 0
         log_samples_every = 0
-        tensorboard = false
     """))
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's replrl, run from the run's own directory
     command = [sys.executable, "-m", "replrl.cli", "train", "run.toml", "--run-dir", "run", "--no-progress"]

@@ -134,7 +134,7 @@ def test_training_on_a_dataset_without_a_filesystem_view_warns_in_one_line(canar
     monkeypatch.setattr(trainer_module, "hides_host_files", lambda level: False)  # as at the unshare level
     data = str(canary_dir / "train.jsonl")
     cfg = Config(model=ModelConfig(name="tiny"), task=TaskConfig(name="gsm8k", data=data),
-                 run=RunConfig(max_steps=1, eval_n=0, tensorboard=False))
+                 run=RunConfig(max_steps=1, eval_n=0))
     with caplog.at_level(logging.WARNING, logger="replrl.trainer"):
         trainer_module.Trainer(cfg, tmp_path / "run", progress=False)
     warnings = [r.getMessage() for r in caplog.records if "can read the dataset" in r.getMessage()]

@@ -461,7 +461,7 @@ def test_the_trainer_logs_scheduled_weights_gates_terms_and_correct_negative_fra
                     "gates": {"every_line": "wrong"}},
         "advantages": {"estimator": "line_rtg", "scale": "none"},
         "optim": {"lr": 1e-3, "micro_batch": 8},
-        "run": {"max_steps": 2, "save_every": 2, "log_samples_every": 0, "tensorboard": False, "eval_n": 0,
+        "run": {"max_steps": 2, "save_every": 2, "log_samples_every": 0, "eval_n": 0,
                 "time_budget_min": 0},
     })
     steps = []

@@ -456,6 +456,9 @@ def test_prune_deletes_a_done_runs_checkpoints_and_keeps_its_results(tmp_path: P
     assert json.loads((run / "sweep.json").read_text())["status"] == "done"
     assert not (run / "checkpoints").exists()
     assert train_steps(run) == [1] and (run / "config.toml").exists()
+    assert (run / "model" / "model.safetensors").exists()  # the final model stays, and is what eval --model reads
+    assert main(["eval", "--model", str(run), "--n", "2", "--out", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["episodes"] == 2
     assert main(["sweep", str(spec), "--out", str(out), "--prune"]) == 0  # done: skipped, not started afresh
     assert json.loads((run / "sweep.json").read_text())["attempts"][0]["action"] == "start"
 

@@ -36,7 +36,7 @@ def toy_config(model_dir: Path, **run: object) -> Config:
         "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
                     "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 8},
-        "run": {"max_steps": 2, "save_every": 1, "log_samples_every": 1, "tensorboard": False, "eval_n": 0,
+        "run": {"max_steps": 2, "save_every": 1, "log_samples_every": 1, "eval_n": 0,
                 "time_budget_min": 0, **run},
     })
 
@@ -173,6 +173,8 @@ def replrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (["--task.name", "gsm8k", "--task.data", "/no/such/data.jsonl"], "not found"),
     (["--advantages.estimator", "line_rgt"], "unknown estimator 'line_rgt'; known: line, line_rtg, outcome"),
     (["--run.transfer_task", '{"name": "gsm8k", "data": "/no/such/gsm8k"}'], "not found"),
+    (["--run.report_to", "tensorboard,neptune"], "run.report_to must be one of tensorboard, wandb, trackio, mlflow; "
+                                                 "got 'neptune'"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, message, tmp_path):
     proc = replrl("train", SMOKE, "--run-dir", str(tmp_path / "r"), *args)
@@ -232,6 +234,7 @@ def test_ctrl_c_or_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, sig):
     steps = [r["step"] for r in read_metrics(run)]
     assert 1 <= len(steps) < 50
     assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == steps[-1]
+    assert checkpoint.model_step(run / "model") == steps[-1]  # the final model is written at Ctrl-C too
     assert not list(tmp.glob("replrl-kernel-*")), "a sandbox's directory was left behind"
 
 

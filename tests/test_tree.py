@@ -200,7 +200,7 @@ def test_a_trainer_step_with_trees_logs_the_tree_figures(format_model_dir, tmp_p
         "tree": {"roots": 2, "branch_at": [1], "width": 2},
         "advantages": {"estimator": "tree"},
         "optim": {"lr": 1e-3, "micro_batch": 8},
-        "run": {"max_steps": 1, "save_every": 0, "log_samples_every": 0, "tensorboard": False, "eval_n": 0,
+        "run": {"max_steps": 1, "save_every": 0, "log_samples_every": 0, "eval_n": 0,
                 "time_budget_min": 0},
     })
     Trainer(cfg, tmp_path / "run", progress=False).train()

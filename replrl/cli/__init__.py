@@ -1,10 +1,10 @@
-"""The `replrl` command: `replrl repl | rollout | train | eval | plot | sweep | compare | env`.
+"""The `replrl` command: `replrl repl | rollout | train | eval | plot | export | sweep | compare | env`.
 
 Every subcommand turns expected failures (bad config, missing model or dataset, a sandbox that cannot start) into
 one clear line on stderr and a non-zero exit code; ``--debug`` shows the full traceback instead.
 
 One module per command group, each with ``add_parser(sub)``: ``repl``, ``rollout``, ``train`` (train, eval, plot),
-``sweep`` (sweep, compare), ``env``. A new command is a module here and a line in ``build_parser``.
+``export``, ``sweep`` (sweep, compare), ``env``. A new command is a module here and a line in ``build_parser``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sandbox.errors import KernelStartError, SandboxUnavailable
 
 from .. import __version__
 from ..configlib import settle_config_file
-from . import env, repl, rollout, sweep, train
+from . import env, export, repl, rollout, sweep, train
 
 # Errors a user can fix; anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, KeyError, KernelStartError, SandboxUnavailable)
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"replrl {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (repl, rollout, train, sweep, env):
+    for module in (repl, rollout, train, export, sweep, env):
         module.add_parser(sub)
     return parser
 

@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "--set 'run.transfer_task={name=\"gsm8k\", data=\"data/gsm8k\"}'; repeatable")
     s.add_argument("--prune", action="store_true",
                    help="delete a run's checkpoints once it is done (saves disk: ~2.5 GB a run with the 0.5B model; "
-                        "a pruned run cannot be continued with more --steps)")
+                        "the final model in RUN/model stays; a pruned run cannot be continued with more --steps)")
     s.add_argument("--print", action="store_true", dest="print_only",
                    help="print one `replrl train ...` command per run still to do, and run nothing")
     s.set_defaults(func=run_sweep)

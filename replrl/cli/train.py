@@ -186,7 +186,13 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_step(model_path: str) -> int:
-    """The training step of a checkpoint's model directory (``.../step-000012/model``), 0 for any other model."""
+    """The training step of a checkpoint's model directory (``.../step-000012/model``) or of a run's final model
+    (``RUN/model``), 0 for any other model."""
+    from ..checkpoint import model_step
+
+    final = model_step(model_path)
+    if final is not None:
+        return final
     try:
         return int(json.loads((Path(model_path).parent / "state.json").read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
