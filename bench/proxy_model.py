@@ -1,6 +1,8 @@
 """The CPU proxy of the line loop's cost (issue 48): Qwen2.5's real tokenizer (its 151,936-token vocabulary and
 1,466 line-ending ids, as the 0.5B model samples them) over a model cut so small that an engine step on this CPU is
-not the model: 2 layers, hidden 256, 4 heads of 64 (2 KV heads), random weights (seeded), tied embeddings. Built
+not mostly the model: 2 layers, hidden 128, 2 heads of 64 (1 KV head), random weights (seeded), tied embeddings. (Its
+LM head, 128 x 151,936, is still most of its forward: about 19M multiply-adds a token, as the earlier SmolLM2-based
+proxy's 256 x 49,152.) Built
 once in replrl's cache from the qwen2.5-coder-0.5b-instruct alias's GGUF (the tokenizer is read from it; no weights
 are used), then loaded like any model directory.
 
@@ -14,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-PROXY = dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=512, max_position_embeddings=4096, tie_word_embeddings=True)
+PROXY = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+             intermediate_size=256, max_position_embeddings=4096, tie_word_embeddings=True)
 """The proxy's shape (a Qwen2 config with these fields changed)."""
 QWEN25_VOCAB = 151_936
 """The 0.5B model's vocabulary size (its embedding rows: the tokenizer's ids, padded)."""
@@ -29,7 +31,7 @@ def proxy_dir(seed: int = 0) -> Path:
     from replrl.model_aliases import QWEN_CODER, split_gguf
     from replrl.models import cache_dir
 
-    out = cache_dir() / "proxy" / f"qwen2.5-tokenizer-l2-h256-seed{seed}"
+    out = cache_dir() / "proxy" / f"qwen2.5-tokenizer-l2-h128-seed{seed}"
     if (out / "config.json").is_file():
         return out
     gguf = split_gguf(QWEN_CODER, cache_dir())
