@@ -131,7 +131,8 @@ class RolloutConfig:
     next line is already sampled after the predicted prompt (>>> or ...); when the interpreter prints, raises or the
     episode ends, those tokens are dropped and the line is sampled again after the true transcript (only the kept
     tokens train). No line runs before the lines before it are confirmed. Flat rollouts only (trees play without).
-    Off: bench/speculation.py measured it no faster on the CPU (docs/rollouts.md)."""
+    Off until it measures faster: on the shared 2-core CPU bench/speculation.py gave no consistent answer
+    (docs/rollouts.md)."""
     dynamic_sampling: bool = False
     """Dynamic sampling (DAPO's): a step draws problems in waves of problems_per_step until it holds problems_per_step
     groups whose rewards are not all equal (see dynamic_sampling_signal), or dynamic_sampling_extra_waves is spent;
