@@ -150,6 +150,13 @@ class RolloutConfig:
     as root; elsewhere, or false, every kernel boots a Python of its own."""
     seed: int = 0
     """Seed of the sampler's random generator."""
+    speculate: bool = False
+    """Speculative continuation of silent lines: while a line the host predicts prints nothing runs, the episode's
+    next line is already sampled after the predicted prompt (>>> or ...); when the interpreter prints, raises or the
+    episode ends, those tokens are dropped and the line is sampled again after the true transcript (only the kept
+    tokens train). No line runs before the lines before it are confirmed. Flat rollouts only (trees play without).
+    Off until it measures faster: on the shared 2-core CPU bench/speculation.py gave no consistent answer
+    (docs/rollouts.md)."""
     dynamic_sampling: bool = False
     """Dynamic sampling (DAPO's): a step draws problems in waves of problems_per_step until it holds problems_per_step
     groups whose rewards are not all equal (see dynamic_sampling_signal), or dynamic_sampling_extra_waves is spent;

@@ -10,6 +10,7 @@ the single authority on what is printed.
 
 from __future__ import annotations
 
+import ast
 import codeop
 import hashlib
 import sys
@@ -25,6 +26,9 @@ PS2 = "... "
 BANNER = (f"Python {sys.version} on {sys.platform}\n"
           'Type "help", "copyright", "credits" or "license" for more information.\n')
 TRUNCATED_MARKER = "[... output truncated ...]\n"
+LOUD_CALLS = frozenset({"print", "pprint", "display", "help", "submit", "exit", "quit", "breakpoint", "input"})
+"""Functions whose call prints, ends the episode or waits for input: a line that calls one is not predicted silent
+(``ReplSession.silent_prompt``)."""
 RESTART_MARKER = {
     "timeout": "[execution timed out and the kernel was restarted: all variables are gone]\n",
     "crashed": "[the Python process crashed and was restarted: all variables are gone]\n",
@@ -100,6 +104,23 @@ class ReplSession:
     @property
     def prompt(self) -> str:
         return PS2 if self.buffer else PS1
+
+    def silent_prompt(self, line: str) -> str | None:
+        """The prompt that follows ``line`` (typed at the current prompt, no newline) if the interpreter prints
+        nothing for it, decided without running it, as ``feed`` buffers: ``... `` while a block or bracket stays
+        open, ``>>> `` once the statement is complete (or the blank line closed the block). None where the line
+        would likely print: a statement that does not compile, an expression whose value the REPL echoes (a bare
+        name, an operation; a call is taken to return None), a call of one of ``LOUD_CALLS``. A guess for
+        speculation (``rollout.play``): the line's real step decides, and a wrong guess costs only the tokens
+        sampled after it."""
+        if "\n" in line:
+            return None
+        source = "\n".join([*self.buffer, line])
+        if self._needs_more(source):
+            return PS2
+        if _blank(source):
+            return PS1
+        return None if likely_prints(source) else PS1
 
     async def feed(self, line: str) -> ReplStep:
         """Type ``line`` (no newline) at the current prompt."""
@@ -200,6 +221,32 @@ def render_output(result: ExecResult) -> str:
     if result.restarted:
         output += RESTART_MARKER.get(result.status, RESTART_MARKER["crashed"])
     return output
+
+
+def likely_prints(source: str) -> bool:
+    """Whether a complete interactive statement likely prints when it runs: it does not compile (a SyntaxError is
+    printed), an expression statement outside a function or class body is not a call (the REPL echoes its value:
+    ``x``, ``a + b``, also in a loop's body), or it calls one of ``LOUD_CALLS`` outside a function or class body."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source + "\n", "<stdin>", "single")
+    except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
+        return True
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo += node.decorator_list if not isinstance(node, ast.Lambda) else []  # run now; the body later
+            continue
+        if isinstance(node, ast.Expr) and not isinstance(node.value, (ast.Call, ast.Await)):
+            return True
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "") in LOUD_CALLS:
+                return True
+        todo += ast.iter_child_nodes(node)
+    return False
 
 
 def _blank(source: str) -> bool:

@@ -5,6 +5,13 @@ are waiting for a line, so while one episode's line executes, the others keep ge
 splice-by-concatenation (DESIGN.md invariant 1): the ids the model sampled are kept as sampled, the environment's
 text (interpreter output, the next prompt) is tokenized on its own and appended with ``loss_mask`` 0. The full
 transcript is never re-tokenized.
+
+Speculation (``EpisodeRules.speculate``): most lines print nothing, and then the environment's only answer is the
+next prompt, which ``ReplSession.silent_prompt`` predicts from the line (``codeop``). While such a line runs, its
+episode's next line is already being sampled after the predicted prompt; when the kernel's answer is that prompt
+(and the episode goes on), the speculative line is the next line, else ``GenSession.rollback`` drops it and the next
+line is sampled after the true transcript. No line runs before the lines before it are confirmed: a speculative line
+is only generated until then.
 """
 
 from __future__ import annotations
@@ -36,11 +43,14 @@ class EpisodeRules:
     max_repeats: int
     state_digest: bool
     """Record the interpreter state each line starts from (``Line.state``, ``Line.state_values``)."""
+    speculate: bool = False
+    """Sample a line's successor while the line runs, when it is predicted to print nothing (see the module
+    docstring; flat rollouts only, a tree rollout plays without)."""
 
     @classmethod
     def from_config(cls, rollout_cfg: Any) -> EpisodeRules:
         return cls(max_output_tokens=rollout_cfg.max_output_tokens, max_repeats=rollout_cfg.max_repeats,
-                   state_digest=rollout_cfg.state_digest)
+                   state_digest=rollout_cfg.state_digest, speculate=getattr(rollout_cfg, "speculate", False))
 
 
 @dataclass
@@ -114,6 +124,10 @@ class Episode:
     """Statements executed so far (a block counts once, when its closing line runs it)."""
     gen_s: float = 0.0
     exec_s: float = 0.0
+    speculated: int = 0
+    """Lines whose successor was sampled while they ran (speculation)."""
+    speculation_hits: int = 0
+    """Of those, the lines whose successor was kept (the prompt predicted was the interpreter's answer)."""
 
     @classmethod
     def start(cls, prompt_ids: list[int], task: Task, sampling: SamplingParams) -> Episode:
@@ -147,68 +161,142 @@ async def play(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewards: Re
                rules: EpisodeRules, stop_at: int | None = None) -> None:
     """Generate and execute lines of ``ep`` on row ``i`` of ``gen`` until the episode ends, or (``stop_at``) until
     it has executed ``stop_at`` statements and stands at a ``>>>`` prompt with the next prompt's tokens in ``traj``."""
-    traj, session = ep.traj, ep.session
+    session = ep.session
     assert session is not None, "play() needs the episode's ReplSession"
-    while not ep.ended:
-        if stop_at is not None and ep.executed >= stop_at and not session.buffer:
-            return
-        t0 = time.perf_counter()
-        sample = await gen.next_line(i, ep.env_ids)
-        ep.env_ids = []
-        ep.gen_s += time.perf_counter() - t0
-        start = len(traj.token_ids)
-        _append(traj, sample)
-        text = tokenizer.decode(sample.token_ids)
-        span = (start, len(traj.token_ids))
-        state, state_values = session.start_state()
-        if sample.finish == "length":  # cut by the token limit: it never runs
-            # recorded even when empty, so every sampled token belongs to exactly one line
-            traj.lines.append(Line(code=code_of(text), status="incomplete", token_span=span, prompt=session.prompt,
-                                   state=state, state_values=state_values))
-            traj.end_reason = "overlong_line"
-            break
-        at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
-        code = code_of(text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if at_eof else text[:-1])
-        t0 = time.perf_counter()
+    spec: _Speculation | None = None  # the next line, sampled while the last one ran, and confirmed
+    try:
+        while not ep.ended:
+            if stop_at is not None and ep.executed >= stop_at and not session.buffer:
+                return
+            spec = await _play_line(gen, i, ep, tokenizer, rewards, sampling, rules, spec,
+                                    speculate=rules.speculate and stop_at is None)
+    finally:
+        if spec is not None and not spec.task.done():  # left by an error or a cancellation: not continued
+            spec.task.cancel()
+
+
+@dataclass
+class _Speculation:
+    """The next line, being sampled after the prompt predicted for the line that runs."""
+
+    task: asyncio.Task
+    env_ids: list[int]
+    """The predicted environment tokens (the prompt alone) given to the session before the line."""
+    mark: int
+    """The row's context length before them (where a rollback cuts)."""
+
+
+async def _play_line(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewards: RewardModel,
+                     sampling: SamplingParams, rules: EpisodeRules, spec: _Speculation | None,
+                     speculate: bool) -> _Speculation | None:
+    """One line of ``play``: its sample (``spec``'s, when the line before confirmed it), its execution, its
+    environment tokens. Returns the next line's speculation, if one was started and confirmed."""
+    traj, session = ep.traj, ep.session
+    assert session is not None
+    t0 = time.perf_counter()
+    sample = await (spec.task if spec is not None else gen.next_line(i, ep.env_ids))
+    spec = None
+    ep.env_ids = []
+    ep.gen_s += time.perf_counter() - t0
+    start = len(traj.token_ids)
+    _append(traj, sample)
+    text = tokenizer.decode(sample.token_ids)
+    span = (start, len(traj.token_ids))
+    state, state_values = session.start_state()
+    if sample.finish == "length":  # cut by the token limit: it never runs
+        # recorded even when empty, so every sampled token belongs to exactly one line
+        traj.lines.append(Line(code=code_of(text), status="incomplete", token_span=span, prompt=session.prompt,
+                               state=state, state_values=state_values))
+        traj.end_reason = "overlong_line"
+        return None
+    at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
+    code = code_of(text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if at_eof else text[:-1])
+    if speculate and not at_eof:
+        spec = await _speculate(gen, i, ep, tokenizer, sampling, rules, code)
+    t0 = time.perf_counter()
+    try:
         step = await session.feed(code)
         if at_eof:
             step = _merge(step, await session.end_of_input())
-        ep.exec_s += time.perf_counter() - t0
-        result = step.result
-        ep.executed += result is not None
-        line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
-                    error_name=result.error_name if result else None, state=state, state_values=state_values,
-                    digest_ms=result.state.ms if result is not None and result.state is not None else 0.0)
-        line.rewards = rewards.score_line(line, traj)
-        ep.repeats = ep.repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
-        traj.lines.append(line)
-        # a submission is a call the kernel recorded (plain data, this line's own); printed text never is one
-        calls = [c for c in (result.tool_calls if result else []) if c.name == SUBMIT]
-        if calls:
-            args = calls[0].args or list(calls[0].kwargs.values())
-            ep.submitted.append(args[0] if args else None)
-        if at_eof:  # `submit(x)<end of turn>`: the answer counts, the episode ended at end of input
-            traj.end_reason = "eos"
-        elif calls:
-            traj.end_reason = "submit"
-        elif result is not None and result.restarted:
-            traj.end_reason = "crash" if result.status == "crashed" else "timeout"
-        elif result is not None and result.error_name == "SystemExit":  # exit() ends a REPL session
-            traj.end_reason = "exit"
-        elif ep.repeats + 1 >= rules.max_repeats:
-            traj.end_reason = "repeat"
-        elif len(traj.lines) >= sampling.max_lines:
-            traj.end_reason = "max_lines"
-        if traj.end_reason:
-            break
+    except BaseException:  # (cancelled: the row is not continued)
+        if spec is not None:
+            spec.task.cancel()
+        raise
+    ep.exec_s += time.perf_counter() - t0
+    result = step.result
+    ep.executed += result is not None
+    line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
+                error_name=result.error_name if result else None, state=state, state_values=state_values,
+                digest_ms=result.state.ms if result is not None and result.state is not None else 0.0)
+    line.rewards = rewards.score_line(line, traj)
+    ep.repeats = ep.repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
+    traj.lines.append(line)
+    # a submission is a call the kernel recorded (plain data, this line's own); printed text never is one
+    calls = [c for c in (result.tool_calls if result else []) if c.name == SUBMIT]
+    if calls:
+        args = calls[0].args or list(calls[0].kwargs.values())
+        ep.submitted.append(args[0] if args else None)
+    if at_eof:  # `submit(x)<end of turn>`: the answer counts, the episode ended at end of input
+        traj.end_reason = "eos"
+    elif calls:
+        traj.end_reason = "submit"
+    elif result is not None and result.restarted:
+        traj.end_reason = "crash" if result.status == "crashed" else "timeout"
+    elif result is not None and result.error_name == "SystemExit":  # exit() ends a REPL session
+        traj.end_reason = "exit"
+    elif ep.repeats + 1 >= rules.max_repeats:
+        traj.end_reason = "repeat"
+    elif len(traj.lines) >= sampling.max_lines:
+        traj.end_reason = "max_lines"
+    env_ids: list[int] = []
+    if not traj.end_reason:
         env_ids = env_token_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
         if len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens:
             traj.end_reason = "max_tokens"
-            break
-        traj.token_ids += env_ids
-        traj.loss_mask += [0] * len(env_ids)
-        traj.logprobs += [0.0] * len(env_ids)
-        ep.env_ids = env_ids
+    if spec is not None:
+        if traj.end_reason or env_ids != spec.env_ids:  # printed, raised, closed otherwise, ended: drop it
+            await _drop(gen, i, spec)
+            spec = None
+        else:  # the session already has these tokens, and the next line after them is on its way
+            ep.speculation_hits += 1
+    if traj.end_reason:
+        return None
+    traj.token_ids += env_ids
+    traj.loss_mask += [0] * len(env_ids)
+    traj.logprobs += [0.0] * len(env_ids)
+    ep.env_ids = env_ids if spec is None else []
+    return spec
+
+
+async def _speculate(gen: GenSession, i: int, ep: Episode, tokenizer: Any, sampling: SamplingParams,
+                     rules: EpisodeRules, code: str) -> _Speculation | None:
+    """Start sampling the line after ``code`` (the episode's last line, about to run) after the prompt predicted
+    for it, where it is predicted silent and the episode can only end by what running it shows (an answer, an
+    error, a crash...), not by a limit known now. None where it is not."""
+    traj, session = ep.traj, ep.session
+    assert session is not None
+    prompt = session.silent_prompt(code)
+    if prompt is None:
+        return None
+    repeats = ep.repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
+    env_ids = env_token_ids(tokenizer, "", prompt, rules.max_output_tokens)
+    if (repeats + 1 >= rules.max_repeats or len(traj.lines) + 1 >= sampling.max_lines
+            or len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens):
+        return None
+    spec = _Speculation(asyncio.ensure_future(gen.next_line(i, env_ids)), env_ids, len(traj.token_ids))
+    await asyncio.sleep(0)  # the request is the session's before the line runs (a rollback then finds it)
+    ep.speculated += 1
+    return spec
+
+
+async def _drop(gen: GenSession, i: int, spec: _Speculation) -> None:
+    """Roll the session's row back to before the speculation, and wait for its line to end (cancelled, or
+    sampled and dropped)."""
+    await gen.rollback(i, spec.mark)
+    spec.task.cancel()  # (no-op when the rollback has already ended it)
+    await asyncio.wait([spec.task])
+    if not spec.task.cancelled():
+        spec.task.exception()  # retrieved: an error of a dropped line is not the episode's
 
 
 def finish_episode(ep: Episode, task: Task, row: dict, rewards: RewardModel, tokenizer: Any) -> Trajectory:
@@ -221,6 +309,8 @@ def finish_episode(ep: Episode, task: Task, row: dict, rewards: RewardModel, tok
     rewards.finish(traj, bool(ep.submitted))  # end-of-episode terms, gates, the outcome terms
     traj.text = tokenizer.decode(traj.token_ids)
     traj.timing.update(generation_wait_s=ep.gen_s, execution_s=ep.exec_s)
+    if ep.speculated:
+        traj.timing.update(speculated_lines=ep.speculated, speculation_hits=ep.speculation_hits)
     return traj
 
 
@@ -313,6 +403,8 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
                          model_tokens=sum(sum(t.loss_mask) for t in trajs),
                          env_tokens=sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs),
                          extra={"setup_s": sum(t.timing.get("setup_s", 0.0) for t in trajs),
+                                **({k: float(sum(t.timing.get(k, 0) for t in trajs))
+                                    for k in ("speculated_lines", "speculation_hits")} if rules.speculate else {}),
                                 **{f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()},
                                 **{f"gen_{k}": float(v) for k, v in getattr(gen, "timing", {}).items()}})
     await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions), all at once
@@ -373,6 +465,7 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
     out.update(state_stats(trajs))
     if stats is not None:
         out.update({k: v for k, v in stats.extra.items() if k.startswith("tree/")})
+        out.update(speculation_stats(stats.extra))
         out.update({
             "wall_s": stats.wall_s, "generation_s": stats.generation_s, "execution_s": stats.execution_s,
             "other_s": max(stats.wall_s - stats.generation_s, 0.0),
@@ -380,6 +473,19 @@ def summarize(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) ->
             "tokens_per_s": stats.model_tokens / max(stats.wall_s, 1e-9),
         })
         out.update(line_timing(stats.extra))
+    return out
+
+
+def speculation_stats(extra: dict[str, float]) -> dict[str, float]:
+    """With speculation on (``EpisodeRules.speculate``): ``rollout/speculated_lines``, the lines whose successor
+    was sampled while they ran, and ``rollout/speculation_hit_rate``, the share of those whose successor was kept
+    (absent when none was speculated). Empty with speculation off."""
+    if "speculated_lines" not in extra:
+        return {}
+    n = extra["speculated_lines"]
+    out = {"rollout/speculated_lines": n}
+    if n:
+        out["rollout/speculation_hit_rate"] = extra.get("speculation_hits", 0.0) / n
     return out
 
 

@@ -156,7 +156,9 @@ class _Tree:
     def __init__(self, generator: Generator, pool: KernelPool, task: Task, rewards: RewardModel,
                  sampling: SamplingParams, rules: EpisodeRules, shape: TreeShape, progress: Any):
         self.generator, self.pool, self.task, self.rewards = generator, pool, task, rewards
-        self.sampling, self.rules, self.shape, self.progress = sampling, rules, shape, progress
+        # no speculation in trees (a branch point's rows and replays would need it too): lines run as they come
+        self.sampling, self.shape, self.progress = sampling, shape, progress
+        self.rules = dataclasses.replace(rules, speculate=False)
         self.tok = generator.tokenizer
         self.counters: dict[str, float] = {"branch_points": 0, "replays": 0, "replays_diverged": 0,
                                            "replayed_lines": 0, "replay_s": 0.0, "leaf_shortfall": 0,

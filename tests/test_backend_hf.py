@@ -83,6 +83,57 @@ async def run_episodes(session: GenSession, prompts, n_lines, env_ids) -> list[E
         await session.aclose()
 
 
+SPECULATION_MODES = ("dropped at once", "dropped after its line ended", "dropped mid-line", "kept")
+"""What ``run_speculating_rows`` does with a speculative line, by (row + line) % 4."""
+
+
+async def run_speculating_rows(session: GenSession, prompts, n_lines, env_ids, wrong_ids,
+                               counts: dict[str, int] | None = None) -> list[Episode]:
+    """``run_episodes`` as speculation drives a session: after each line the next one is requested at once, after a
+    guess of the environment's answer, while the line 'executes'. A wrong guess (``wrong_ids(i, k)``) is rolled back
+    (``GenSession.rollback`` to the context before the guess) at once, after the speculative line has ended, or
+    while it is being sampled, and the line is then asked for after the true ``env_ids(i, k)``; a right guess (every
+    fourth line) is kept: the speculative line is the next line. ``counts``: how often each mode ran."""
+
+    async def one(i: int) -> Episode:
+        ep = Episode(list(prompts[i]))
+        env: list[int] = []
+        spec = None
+        for k in range(n_lines[i]):
+            line = await (spec if spec is not None else session.next_line(i, env))
+            spec = None
+            ep.ids += env
+            ep.sampled_at += range(len(ep.ids), len(ep.ids) + len(line.token_ids))
+            ep.ids += line.token_ids
+            ep.logprobs += line.logprobs
+            ep.lines.append(line)
+            if line.finish == "eos" or k == n_lines[i] - 1:
+                break
+            env = env_ids(i, k)
+            mode = SPECULATION_MODES[(i + k) % 4]
+            if counts is not None:
+                counts[mode] = counts.get(mode, 0) + 1
+            spec = asyncio.ensure_future(session.next_line(i, env if mode == "kept" else wrong_ids(i, k)))
+            await asyncio.sleep(0)  # the request is the session's
+            if mode == "kept":
+                continue
+            if mode == "dropped after its line ended":
+                await asyncio.wait([spec])
+            elif mode == "dropped mid-line":
+                await asyncio.sleep(0.003 * (1 + i % 3))
+            await session.rollback(i, len(ep.ids))
+            await asyncio.wait([spec])
+            assert spec.cancelled() or spec.exception() is None
+            spec = None
+        session.finish(i)
+        return ep
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    finally:
+        await session.aclose()
+
+
 def recomputed_logprobs(model, ep: Episode, params: SamplingParams, masks: TokenMasks) -> list[float]:
     """The trainer's view: one plain forward over the whole sequence (no cache, no holes); each line's first token
     under the line-start mask."""

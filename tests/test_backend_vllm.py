@@ -29,6 +29,7 @@ from replrl.models import tiny_model  # noqa: E402
 from replrl.types import LineSample, SamplingParams  # noqa: E402
 from tests.helpers_models import smollm2, smollm2_tokenizer, with_logit_bias  # noqa: E402
 from tests.test_backend_hf import (  # noqa: E402
+    SPECULATION_MODES,
     assert_line_rule,
     check_session_errors_and_close,
     ids_of,
@@ -36,6 +37,7 @@ from tests.test_backend_hf import (  # noqa: E402
     one_row_executes_while_two_generate,
     recomputed_logprobs,
     run_episodes,
+    run_speculating_rows,
 )
 
 
@@ -171,6 +173,47 @@ def test_token_exact(gen, tok, case):
     assert 0 <= timing["later_tokens"] <= sampled - timing["lines"] and timing["later_tokens_s"] >= 0
     assert (timing["later_tokens"] > 0) == (timing["later_tokens_s"] > 0)
     assert timing["between_lines_s"] > 0  # rows with more than one line: the caller's time between them
+
+
+def test_rolled_back_rows_sample_after_the_true_context_only(gen, tok):
+    """Speculation's rollback (``VLLMSession.rollback``): every line is requested after a guess of the environment's
+    answer while it 'executes'; a wrong guess is dropped at once, after its line ended, or mid-line (the row's
+    request is aborted, its next line a new request over the true transcript, with a seed of its own). The kept
+    tokens' log-probs are the trainer's over the true transcript, with a model whose distribution depends on its
+    context (queries, keys and head x2: one token more or less in the context moves them far past the tolerance);
+    a seeded run is the same run twice."""
+    model = tiny_model(tok, seed=4, head_dim=64, initializer_range=0.05)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(2.0)
+            layer.self_attn.k_proj.weight.mul_(2.0)
+        model.lm_head.weight.mul_(2.0)
+    gen.sync_weights(model)
+    bias = {one_id(tok, "\n"): 6.0, one_id(tok, "<|im_end|>"): -100.0}
+    gen.logit_bias = bias
+    model = with_logit_bias(model, bias)
+    params = SamplingParams(temperature=0.7, seed=5, max_line_tokens=12)
+    prompts = [ids_of(tok, f"Problem {i}: {9 + i} apples, {i} eaten. How many are left?\n>>>") for i in range(4)]
+    outputs = ["42\n>>>", "...", "NameError: name 'clips' is not defined\n>>>", "[1, 4, 9, 16]\n>>>"]
+    env_of = lambda i, k: ids_of(tok, outputs[(i + k) % len(outputs)])            # noqa: E731
+    wrong_of = lambda i, k: ids_of(tok, outputs[(i + k + 1) % len(outputs)])      # noqa: E731
+
+    def run() -> tuple[list, dict[str, int], dict[str, float]]:
+        counts: dict[str, int] = {}
+        session = gen.session(prompts, params)
+        eps = asyncio.run(run_speculating_rows(session, prompts, [8, 9, 7, 9], env_of, wrong_of, counts))
+        return eps, counts, session.stats
+
+    episodes, counts, stats = run()
+    assert set(counts) == set(SPECULATION_MODES) and min(counts.values()) >= 4
+    assert stats["rollbacks"] == sum(v for k, v in counts.items() if k != "kept")
+    masks = token_masks(tok, len(tok))
+    for ep in episodes:
+        assert_line_rule(tok, ep)
+        assert torch.allclose(torch.tensor(recomputed_logprobs(model, ep, params, masks)), torch.tensor(ep.logprobs),
+                              atol=ATOL)
+    assert [ep.ids for ep in run()[0]] == [ep.ids for ep in episodes]
+    gen.logit_bias = None
 
 
 def test_seeded_rows_longer_than_one_step(gen, tok):

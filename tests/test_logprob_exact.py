@@ -175,6 +175,39 @@ def test_long_episodes_sampled_logprobs_equal_the_trainers(tok, case, device):
     assert diffs.max().item() <= TOL, f"max |sampled - recomputed| = {diffs.max().item():.2e} ({case})"
 
 
+@pytest.mark.parametrize("case", list(LONG_CASES))
+def test_rolled_back_rows_sample_after_the_true_context_only(tok, case):
+    """Speculation's rollback (``HFSession.rollback``): 6 rows whose every line is requested after a guess of the
+    environment's answer while it 'executes'; wrong guesses are dropped at once, after the speculative line ended, or
+    while it is being sampled, and the line is sampled again after the true answer. The kept tokens' log-probs are
+    the trainer's over the true transcript (a cache row not cut back, or cut one token off, moves them by far more
+    than the tolerance with this model), and a seeded run is the same run twice (each rollback starts a stream of its
+    own, whatever the dropped line consumed)."""
+    model = with_logit_bias(sensitive_tiny(tok), line_bias(tok))
+    gen = HFGenerator(model, tok, device="cpu", **LONG_CASES[case])
+    params = SamplingParams(temperature=0.7, seed=5, max_line_tokens=14)
+    prompts = [ids_of(tok, f"Problem {i}: {9 + i} apples, {i} eaten. How many are left?\n>>>") for i in range(6)]
+    n_lines = [9, 12, 10, 11, 8, 12]
+    env_of = lambda i, k: ids_of(tok, OUTPUTS[(2 * i + k) % len(OUTPUTS)])                # noqa: E731
+    wrong_of = lambda i, k: ids_of(tok, OUTPUTS[(2 * i + k + 1) % len(OUTPUTS)])          # noqa: E731
+
+    def run() -> tuple[list[Episode], dict[str, int], dict[str, float]]:
+        counts: dict[str, int] = {}
+        session = gen.session(prompts, params)
+        eps = asyncio.run(test_backend_hf.run_speculating_rows(session, prompts, n_lines, env_of, wrong_of, counts))
+        return eps, counts, session.stats
+
+    episodes, counts, stats = run()
+    assert set(counts) == set(test_backend_hf.SPECULATION_MODES) and min(counts.values()) >= 5
+    assert stats["rollbacks"] == sum(v for k, v in counts.items() if k != "kept")
+    assert stats["dropped_tokens"] > 10 * stats["rollbacks"]  # wrong guesses and whole lines, not only the guesses
+    masks = TokenMasks(*token_masks(tok, model.lm_head.out_features))
+    recomputed = trainer_logprobs(model, episodes, params, masks)
+    diffs = torch.cat([(torch.tensor(r) - torch.tensor(ep.logprobs)).abs() for r, ep in zip(recomputed, episodes)])
+    assert len(diffs) >= 400 and diffs.max().item() <= TOL, f"max |sampled - recomputed| = {diffs.max().item():.2e}"
+    assert [ep.ids for ep in run()[0]] == [ep.ids for ep in episodes]
+
+
 # ---- the trainer: at the first minibatch of a step, new == old on every model token ----
 
 

@@ -7,6 +7,7 @@ end reason and reward term, driven by a model that memorised one script per ques
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -17,7 +18,7 @@ from replrl.backends.sampling import token_masks
 from replrl.config import RewardConfig
 from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
-from replrl.repl import TRUNCATED_MARKER
+from replrl.repl import PS1, PS2, TRUNCATED_MARKER, ReplSession
 from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, RolloutStats, build_prompt, line_text, line_timing, rollout, summarize
 from replrl.tree import TreeShape
@@ -81,11 +82,46 @@ def tree(scripted, pool) -> tuple[dict[str, list[Trajectory]], dict[str, float]]
     return leaves, summarize(trajs, stats)
 
 
-@pytest.fixture(params=["flat", "tree leaves"])
+def guess_every_line_silent(self: ReplSession, line: str) -> str:
+    """``ReplSession.silent_prompt`` that never says "it prints": wrong for every line that prints, raises, or ends
+    the episode (a forced misprediction)."""
+    return PS2 if self._needs_more("\n".join([*self.buffer, line])) else PS1
+
+
+def speculative_rollout(scripted, pool, misguess: bool) -> tuple[dict[str, Trajectory], dict[str, float]]:
+    model, tokenizer = scripted
+    task = ScriptTask()
+    rows = list(enumerate(task.rows("train")))
+    with pytest.MonkeyPatch.context() as mp:
+        if misguess:
+            mp.setattr(ReplSession, "silent_prompt", guess_every_line_silent)
+        trajs, stats = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows,
+                                        RewardModel(RewardConfig().weights), SAMPLING,
+                                        dataclasses.replace(RULES, speculate=True), chat_template=False))
+    return {row["script"]: t for (_, row), t in zip(rows, trajs)}, summarize(trajs, stats)
+
+
+@pytest.fixture(scope="module")
+def speculative(scripted, pool) -> tuple[dict[str, Trajectory], dict[str, float]]:
+    """The flat episodes with speculation on (rollout.speculate), and the rollout's summary."""
+    return speculative_rollout(scripted, pool, misguess=False)
+
+
+@pytest.fixture(scope="module")
+def misguessed(scripted, pool) -> tuple[dict[str, Trajectory], dict[str, float]]:
+    """The same, every line guessed silent: every line that prints or raises is rolled back."""
+    return speculative_rollout(scripted, pool, misguess=True)
+
+
+@pytest.fixture(params=["flat", "tree leaves", "speculative", "speculative, misguessed"])
 def named_episodes(request) -> list[tuple[str, Trajectory]]:
-    """The flat episodes, then the tree leaves: the invariants below hold for both."""
+    """The flat episodes, the tree leaves, the flat episodes played with speculation (predicted, and every line
+    guessed silent): the invariants below hold for all."""
     if request.param == "flat":
         return list(request.getfixturevalue("episodes").items())
+    if request.param.startswith("speculative"):
+        return list(request.getfixturevalue("misguessed" if "misguessed" in request.param else "speculative")[0]
+                    .items())
     return [(name, t) for name, ts in request.getfixturevalue("tree")[0].items() for t in ts]
 
 
@@ -368,3 +404,49 @@ def test_line_timing_from_a_sessions_counters():
     assert line_timing({"gen_worker_s": 3.0}) == {}  # the HF backend's counters: nothing to derive
     summary = summarize([], wave)  # and summarize reports them with the rollout's other timings
     assert summary["time/line_token_ms"] == pytest.approx(20.0) and summary["wall_s"] == 1.0
+
+
+def test_speculation_plays_the_episodes_the_loop_plays_without_it(episodes, speculative, misguessed):
+    """Speculation changes when lines are sampled, not what an episode is: with the silent lines predicted (two
+    mispredicted: `sleep(30)` times out, `os._exit(1)` crashes) and with every line guessed silent (every print,
+    error and submit rolled back), each script's episode has the lines, outputs, prompts, end, ids and masks of the
+    episode played without speculation (a memorised script, sampled at temperature 0.3, is the same tokens)."""
+    for trajs, _ in (speculative, misguessed):
+        for name, t in trajs.items():
+            plain = episodes[name]
+            assert [(ln.code, ln.output, ln.prompt, ln.status, ln.token_span) for ln in t.lines] == \
+                [(ln.code, ln.output, ln.prompt, ln.status, ln.token_span) for ln in plain.lines], name
+            assert (t.end_reason, t.answer, t.reward) == (plain.end_reason, plain.answer, plain.reward), name
+            assert t.token_ids == plain.token_ids and t.loss_mask == plain.loss_mask, name
+    # predicted: block 4 (>>> ... ... >>>), errors 1, repeat 2, timeout 2, crash 2, many 4, eos 1 = 16 lines; the
+    # sleep(30) and os._exit(1) guesses miss: 14 / 16. print, submit, `1/0`, a syntax error are never guessed silent.
+    assert speculative[1]["rollout/speculated_lines"] == 16
+    assert speculative[1]["rollout/speculation_hit_rate"] == pytest.approx(14 / 16)
+    assert speculative[0]["timeout"].timing["speculated_lines"] == 2
+    assert speculative[0]["timeout"].timing["speculation_hits"] == 1
+    # every line guessed silent: also the prints, errors and submits (not a line the limits end, nor the EOS line)
+    assert misguessed[1]["rollout/speculated_lines"] > 16
+    assert misguessed[1]["rollout/speculation_hit_rate"] < 14 / 16
+    assert "rollout/speculated_lines" not in summarize(list(episodes.values()), RolloutStats())  # off: absent
+
+
+def test_silent_prompt_guesses_the_next_prompt_from_the_line():
+    """The prompt after a line that prints nothing, decided as ``feed`` buffers (codeop), without running it: None
+    where the line likely prints (an expression's value, a print or submit call, a syntax error)."""
+    repl = ReplSession(kernel=None, banner="")  # nothing runs: no kernel needed
+    for line, expected in [("x = 1", PS1), ("xs.append(3)", PS1), ("import math", PS1), ("", PS1), ("# note", PS1),
+                           ("for i in range(3):", PS2), ("total = (1 +", PS2), ("x", None), ("a + b", None),
+                           ("print(x)", None), ("submit(3)", None), ("y = print(3)", None), ("x = = 1", None),
+                           ("1/0", None)]:
+        assert repl.silent_prompt(line) == expected, line
+    repl.buffer = ["for i in range(3):"]  # inside a block: more lines, then the blank line that runs it
+    assert repl.silent_prompt("    total += i") == PS2
+    repl.buffer.append("    total += i")
+    assert repl.silent_prompt("") == PS1
+    assert repl.silent_prompt("    i") == PS2  # echoed only once the block runs...
+    repl.buffer.append("    i")
+    assert repl.silent_prompt("") is None       # ...which it does at the blank line: each i is printed
+    repl.buffer = ["def f():"]
+    assert repl.silent_prompt("    print(1)") == PS2  # a def's body: not run yet when the def is
+    repl.buffer.append("    print(1)")
+    assert repl.silent_prompt("") == PS1

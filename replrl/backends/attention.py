@@ -103,6 +103,13 @@ class PackedKV(DynamicCache):
         """Row ``slot`` is done (its columns are simply no longer read)."""
         self.lengths[slot] = 0
 
+    def truncate(self, slot: int, length: int) -> None:
+        """Row ``slot`` keeps its first ``length`` cached tokens (a rollback; the columns after are written over by
+        the tokens it is fed next)."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"row {slot} holds {self.lengths[slot]} cached tokens, not {length}")
+        self.lengths[slot] = length
+
     def fork(self, src: int, dsts: list[int], length: int | None = None) -> int:
         """Rows ``dsts`` (new slots, or free ones) start with row ``src``'s first ``length`` cached tokens (default:
         all), copied: an episode that branches (a tree rollout) hands its children its prefix's keys and values

@@ -28,6 +28,17 @@ class GenSession(Protocol):
         """
         ...
 
+    async def rollback(self, i: int, length: int) -> None:
+        """Drop everything of row ``i`` after its first ``length`` context tokens (prompt included): the line in
+        flight, if any, is cancelled (its ``next_line`` raises ``asyncio.CancelledError``), and the tokens given or
+        sampled after position ``length`` are forgotten, as if they had never been there. The row then stands between
+        two lines: its next ``next_line`` passes the environment tokens that follow position ``length``, and the line
+        it returns is sampled after that true context only, from a fresh random stream (seeded from the session's
+        seed, the row and how many times it was rolled back). Speculation (``rollout.play``) uses it when the
+        interpreter's answer to a line is not the prompt it predicted. 1 <= ``length`` <= the row's context length
+        (its prompt, the environment tokens given and the tokens sampled so far)."""
+        ...
+
     def finish(self, i: int) -> None:
         """Row ``i``'s episode is over: free its slot. No further ``next_line`` for it."""
         ...

@@ -32,7 +32,15 @@ from typing import Any
 import torch
 
 from replrl.backends.attention import PackedKV, Segment, packed_attention
-from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, sample, sampling_logprobs, token_masks
+from replrl.backends.sampling import (
+    TokenMasks,
+    eos_ids,
+    line_end_ids,
+    row_seed,
+    sample,
+    sampling_logprobs,
+    token_masks,
+)
 from replrl.types import LineSample, SamplingParams
 
 GEN_THREADS = 1 if (os.cpu_count() or 1) <= 4 else None
@@ -60,6 +68,11 @@ class _Batch:
     def free(self, slots: list[int]) -> None:
         for slot in slots:
             self.cache.free(slot)
+
+    def truncate(self, cuts: list[tuple[int, int]]) -> None:
+        """Row ``slot`` keeps its first ``length`` cached tokens, for each ``(slot, length)`` (a rollback)."""
+        for slot, length in cuts:
+            self.cache.truncate(slot, length)
 
     def fork(self, forks: list[tuple[int, list[int], int | None]]) -> int:
         """Copy each source row's cache (or its first ``length`` tokens) into its new rows; returns the tokens copied
@@ -96,6 +109,13 @@ class _Row:
     pending: list[int]
     """Tokens not yet in the cache, fed in order."""
     generator: torch.Generator
+    ids: list[int]
+    """The row's context: its prompt, the environment tokens given and the tokens sampled. The first
+    ``len(ids) - len(pending)`` are in the cache, or being fed by the step in flight; ``pending`` is the rest."""
+    key: int
+    """Names the row's random stream (its index, or its fork key)."""
+    restarts: int = 0
+    """Rollbacks so far (each starts a stream of its own)."""
     future: asyncio.Future | None = None
     """The caller's pending next_line request."""
     line_ids: list[int] = field(default_factory=list)
@@ -109,6 +129,8 @@ class _Row:
 class _StepPlan:
     free_slots: list[int]
     """Finished rows whose caches are released first."""
+    cuts: list[tuple[int, int]]
+    """Rows rolled back since the last step: (row, cached tokens it keeps); applied before the forks."""
     forks: list[tuple[int, list[int], int | None]]
     """Rows forked since the last step: (source row, new rows, cached tokens to copy or None for all); their caches
     are copied before the forward."""
@@ -118,6 +140,8 @@ class _StepPlan:
     generators: list[torch.Generator]
     line_starts: list[bool]
     """Per sampling row: the token sampled is the first of its line (prompt healing's mask applies)."""
+    futures: list[asyncio.Future]
+    """Per sampling row: the request its token is for (a row rolled back meanwhile drops the token)."""
 
 
 class HFSession:
@@ -131,8 +155,9 @@ class HFSession:
         self._masks = TokenMasks(*(m.to(gen.device) for m in token_masks(gen.tokenizer, vocab)))
         self._line_end = line_end_ids(gen.tokenizer)
         self._eos = eos_ids(gen.tokenizer, getattr(gen.model, "generation_config", None))
-        self._rows = [_Row(list(p), self._row_generator(i)) for i, p in enumerate(prompts)]
+        self._rows = [_Row(list(p), self._row_generator(i), list(p), i) for i, p in enumerate(prompts)]
         self._forks: list[tuple[int, list[int], int | None]] = []
+        self._cuts: list[tuple[int, int]] = []
         self._batch = _Batch(gen.model, len(prompts), gen.device)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -141,18 +166,18 @@ class HFSession:
         self._last_step_s = 0.0
         self.stats = {"steps": 0, "fed_tokens": 0, "max_step_tokens": 0, "sampled_tokens": 0, "rows_freed": 0,
                       "worker_s": 0.0, "forward_s": 0.0, "loop_s": 0.0, "join_wait_s": 0.0, "forked_rows": 0,
-                      "forked_tokens": 0, "fork_s": 0.0}
+                      "forked_tokens": 0, "fork_s": 0.0, "rollbacks": 0, "dropped_tokens": 0}
         """Counters: forward steps, real tokens fed (all of them, no padding exists), the most fed in one step,
         tokens sampled, caches released, seconds in the worker step / in model.forward / planning and applying on
         the loop thread / waiting for rows to come back from executing their line; rows forked, the cached tokens
-        copied for them (fed to no forward), seconds copying."""
+        copied for them (fed to no forward), seconds copying; rollbacks, and the context tokens they dropped."""
 
-    def _row_generator(self, i: int) -> torch.Generator:
+    def _row_generator(self, key: int, restart: int = 0) -> torch.Generator:
         g = torch.Generator(device=self._gen.device)
         if self.sampling.seed is None:
             g.seed()
         else:  # one stream per row: a row's samples do not depend on which other rows share its steps
-            g.manual_seed((self.sampling.seed * 1_000_003 + i) % (2**63))
+            g.manual_seed(row_seed(self.sampling.seed, key, restart))
         return g
 
     def _idle_row(self, i: int, pending: str) -> _Row:
@@ -175,6 +200,7 @@ class HFSession:
         row = self._idle_row(i, "already has a pending next_line request")
         loop = asyncio.get_running_loop()
         row.pending.extend(env_ids)
+        row.ids.extend(env_ids)
         row.future = loop.create_future()
         if self._task is None:
             self._wake = asyncio.Event()
@@ -193,15 +219,45 @@ class HFSession:
         if prefix is not None and not prefix:
             raise ValueError("a fork's prefix needs at least one token")
         pending, length = (list(row.pending), None) if prefix is None else ([prefix[-1]], len(prefix) - 1)
+        ids = row.ids if prefix is None else list(prefix)
         new = []
         for key in keys:
             new.append(len(self._rows))
-            self._rows.append(_Row(list(pending), self._row_generator(key)))
+            self._rows.append(_Row(list(pending), self._row_generator(key), list(ids), key))
         if new:
             self._forks.append((i, new, length))
         if self._wake is not None:
             self._wake.set()
         return new
+
+    async def rollback(self, i: int, length: int) -> None:
+        """Drop row ``i``'s tokens after its first ``length`` (see ``GenSession.rollback``): its line in flight is
+        cancelled (a token the running step samples for it is dropped), and its cache keeps at most its first
+        ``length - 1`` tokens (cut on the worker thread before the next step; the columns after are written over
+        later), the token at ``length - 1`` waiting to be fed with the next line's input."""
+        if self._error is not None:
+            raise RuntimeError(f"generation failed: {self._error!r}") from self._error
+        if self._closed:
+            raise RuntimeError("session is closed")
+        row = self._rows[i]
+        if row.finished:
+            raise ValueError(f"row {i} is finished")
+        if not 1 <= length <= len(row.ids):
+            raise ValueError(f"row {i} holds {len(row.ids)} context tokens: cannot keep {length}")
+        future, row.future = row.future, None
+        if future is not None and not future.done():
+            future.cancel()
+        fed = len(row.ids) - len(row.pending)  # in the cache, or being fed by the step in flight
+        keep = min(fed, length - 1)
+        if keep < fed:
+            self._cuts.append((i, keep))
+        self.stats["rollbacks"] += 1
+        self.stats["dropped_tokens"] += len(row.ids) - length
+        row.ids = row.ids[:length]
+        row.pending = row.ids[keep:]
+        row.line_ids, row.line_logprobs = [], []
+        row.restarts += 1
+        row.generator = self._row_generator(row.key, row.restarts)  # a new object: the step in flight has the old
 
     def finish(self, i: int) -> None:
         row = self._rows[i]
@@ -292,8 +348,8 @@ class HFSession:
             extra = min(f - counts[i], spare)
             counts[i] += extra
             spare -= extra
-        plan = _StepPlan(free, self._forks, {}, [], [], [])
-        self._forks = []
+        plan = _StepPlan(free, self._cuts, self._forks, {}, [], [], [], [])
+        self._forks, self._cuts = [], []
         for i, (row, n) in enumerate(zip(self._rows, counts, strict=True)):
             if not n:
                 continue
@@ -303,6 +359,7 @@ class HFSession:
                 plan.sample_rows.append(i)
                 plan.generators.append(row.generator)
                 plan.line_starts.append(not row.line_ids)
+                plan.futures.append(row.future)
         return plan
 
     def _run_step(self, plan: _StepPlan) -> tuple[list[int], list[float]]:
@@ -310,6 +367,7 @@ class HFSession:
         t0 = time.perf_counter()
         batch = self._batch
         with torch.inference_mode():
+            batch.truncate(plan.cuts)  # before forking: a fork made after a rollback copies what the row kept
             if plan.forks:  # before freeing: a source row that finished since its fork still hands its cache on
                 self.stats["forked_tokens"] += batch.fork(plan.forks)
                 self.stats["forked_rows"] += sum(len(dsts) for _, dsts, _ in plan.forks)
@@ -341,9 +399,9 @@ class HFSession:
         max_line = self.sampling.max_line_tokens
         self.stats["sampled_tokens"] += len(tokens)
         ended = []
-        for r, tok, lp in zip(plan.sample_rows, tokens, logprobs, strict=True):
+        for r, tok, lp, future in zip(plan.sample_rows, tokens, logprobs, plan.futures, strict=True):
             row = self._rows[r]
-            if row.finished or row.future is None:
+            if row.finished or row.future is None or row.future is not future:  # rolled back since
                 continue
             if row.future.done():  # cancelled by the caller
                 self.finish(r)
@@ -351,6 +409,7 @@ class HFSession:
             row.line_ids.append(tok)
             row.line_logprobs.append(lp)
             row.pending.append(tok)
+            row.ids.append(tok)
             if tok in self._eos:
                 finish = "eos"
             elif tok in self._line_end:

@@ -14,6 +14,7 @@ The transcript text is unchanged; the line's code is its text minus that one lea
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -44,6 +45,17 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams, banned: torc
         drop_sorted = mass_before >= params.top_p                            # the most likely token always stays
         x = x.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return x.log_softmax(dim=-1)
+
+
+def row_seed(seed: int, key: int, restart: int = 0) -> int:
+    """The seed of one row's random stream: a session's ``seed`` and the row's ``key`` (its index, or a fork's key),
+    so a row's samples do not depend on which other rows share its steps. ``restart`` counts the row's rollbacks
+    (``GenSession.rollback``): the line after a rollback is drawn from a stream of its own, never the one the dropped
+    tokens came from again, and still the same on every run of a seeded rollout."""
+    if not restart:
+        return (seed * 1_000_003 + key) % (2**63)
+    digest = hashlib.blake2b(f"{seed}/{key}/{restart}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**63)
 
 
 def sample(logprobs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:

@@ -84,7 +84,7 @@ except Exception as e:  # not installed, or installed against another torch (e.g
     raise ImportError(f"vllm does not import: {type(e).__name__}: {e}") from e
 
 from replrl.backends import BackendError  # noqa: E402
-from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, token_masks  # noqa: E402
+from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, row_seed, token_masks  # noqa: E402
 from replrl.backends.step_log import StepLog  # noqa: E402
 from replrl.types import LineSample, SamplingParams  # noqa: E402
 
@@ -468,6 +468,8 @@ class _Row:
     sent: int = 0
     """How many of ``ids`` the engine holds in the request's KV cache (all but the last sampled token)."""
     finished: bool = False
+    restarts: int = 0
+    """Rollbacks so far: each ends the row's request; the next line starts a new one (its own id and seed)."""
 
 
 class _Stream:
@@ -561,9 +563,10 @@ class VLLMSession:
         self._rows = [_Row(list(p)) for p in prompts]
         self._name = f"replrl-{os.getpid()}-{next(self._ids)}"
         self._closed = False
-        self.stats = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "sampled_tokens": 0}
+        self.stats = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "sampled_tokens": 0, "rollbacks": 0,
+                      "dropped_tokens": 0}
         """Counters: line requests; their transcripts' tokens; of which not computed again (kept in the row's
-        request, or found in the prefix cache); tokens sampled."""
+        request, or found in the prefix cache); tokens sampled; rollbacks, and the context tokens they dropped."""
         self.timing: dict[str, float] = dict.fromkeys(TIMING_KEYS, 0.0)
         """Where a line's time goes, summed over rows (seconds; kept on the engine's loop): ``first_token_s``,
         from a line's input handed to the engine to its first sampled token (queueing, prefill, one step), over
@@ -573,8 +576,9 @@ class VLLMSession:
 
     def _params(self, i: int, room: int) -> vllm.SamplingParams:
         s = self.sampling
-        # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it
-        seed = None if s.seed is None else (s.seed * 1_000_003 + i) % (2**63)
+        # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it (a request
+        # after a rollback: a stream of its own)
+        seed = None if s.seed is None else row_seed(s.seed, i, self._rows[i].restarts)
         return vllm.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
             max_tokens=min(s.max_line_tokens, room), logprobs=0, detokenize=False,
@@ -596,15 +600,20 @@ class VLLMSession:
             raise ValueError(f"row {i}'s transcript ({len(row.ids)} tokens) fills the engine's max_model_len")
         params = self._params(i, room)
         chunk = row.ids[row.sent:]
-        row.future = self._gen._loop.submit(self._line(row, f"{self._name}-{i}", chunk, params))
+        request_id = f"{self._name}-{i}" + (f"-r{row.restarts}" if row.restarts else "")
+        restarts = row.restarts
+        row.future = future = self._gen._loop.submit(self._line(row, request_id, chunk, params))
         try:
-            sample, cached = await asyncio.wrap_future(row.future)
+            sample, cached = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             if self._closed:
                 raise RuntimeError("session closed") from None
             raise
         finally:
-            row.future = None
+            if row.future is future:
+                row.future = None
+        if row.restarts != restarts:  # rolled back after the engine answered, before this coroutine resumed
+            raise asyncio.CancelledError
         self.stats["requests"] += 1
         self.stats["prompt_tokens"] += len(row.ids)
         self.stats["cached_tokens"] += cached if row.sent == 0 else row.sent
@@ -619,11 +628,38 @@ class VLLMSession:
         """On the engine's loop: the row's next line (its request started by the first)."""
         if row.stream is None:
             row.stream = _Stream(self._gen, request_id, params, self.timing)
+        stream = row.stream
         try:
-            return await row.stream.line(chunk, params)
-        except asyncio.CancelledError:  # the caller gave up on the line: the request cannot continue
-            await row.stream.abort()
+            return await stream.line(chunk, params)
+        except asyncio.CancelledError:  # the caller gave up on the line (or rolled it back): the request cannot go on
+            await stream.abort()
+            if row.stream is stream:
+                row.stream = None
             raise
+
+    async def rollback(self, i: int, length: int) -> None:
+        """Drop row ``i``'s tokens after its first ``length`` (see ``GenSession.rollback``). A streaming request
+        can only grow, so the row's request is aborted (its line in flight with it) and its next line starts a new
+        request over the kept transcript: the prefix cache holds its whole blocks (the row's own, computed before),
+        so the new request prefills about one block. The new request's seed is derived from the session's, the row
+        and the restart count (never the first request's again)."""
+        if self._closed:
+            raise RuntimeError("session is closed")
+        row = self._rows[i]
+        if row.finished:
+            raise ValueError(f"row {i} is finished")
+        if not 1 <= length <= len(row.ids):
+            raise ValueError(f"row {i} holds {len(row.ids)} context tokens: cannot keep {length}")
+        future, stream = row.future, row.stream
+        row.future, row.stream = None, None
+        self.stats["rollbacks"] += 1
+        self.stats["dropped_tokens"] += len(row.ids) - length
+        row.ids, row.sent = row.ids[:length], 0
+        row.restarts += 1
+        if future is not None:
+            future.cancel()  # its _line aborts the request on the engine's loop
+        if stream is not None:  # gone from the engine before the row's next request
+            await asyncio.wrap_future(self._gen._loop.submit(stream.abort()))
 
     def finish(self, i: int) -> None:
         row = self._rows[i]
