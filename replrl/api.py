@@ -37,16 +37,17 @@ def load_config(path: str | Path | None = None, **sections: dict[str, Any]) -> C
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, *, on_step: Callable[[StepResult], Any] | None = None,
-          resume: bool = False, progress: bool = False) -> Trainer:
+          resume: bool = False, progress: bool = False, lora: Any = None) -> Trainer:
     """Train until ``cfg.run.max_steps`` and return the Trainer (its model is the trained policy).
 
     ``run_dir`` gets the config, metrics.jsonl, samples.jsonl and checkpoints, as with ``replrl train --run-dir``
     (None: a new temporary directory, ``trainer.run_dir``). ``on_step(result)`` runs after every step with a
     ``StepResult`` (``step``, ``metrics``, ``trajectories``); ``LiveCurve()`` is one. ``resume=True`` continues the
     run in ``run_dir`` at its next step. ``progress`` shows the tqdm bar. Interrupting the kernel (Ctrl-C) finishes
-    the step in flight and saves a checkpoint, as in the terminal."""
+    the step in flight and saves a checkpoint, as in the terminal. ``lora``: a ``peft.LoraConfig`` for the
+    adapters (its rank, alpha, dropout and target modules become ``cfg.model``'s; other fields are refused)."""
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="replrl-run-"))
-    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
+    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, lora=lora)
     trainer.train(on_step=on_step)
     return trainer
 
