@@ -117,10 +117,17 @@ SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
 """accelerate's distributed types replrl trains under: one process, and DDP over processes (CPU or GPU)."""
 
 
-def check_distributed(distributed_type: Any) -> None:
+def check_distributed(distributed_type: Any, environ: dict[str, str] | None = None) -> None:
     """Refuse, in one line, a distributed setting replrl does not train under (FSDP, DeepSpeed, Megatron, XLA...)
-    instead of bypassing it."""
+    instead of bypassing it. ``environ`` (default ``os.environ``) is read too: on a machine without GPUs accelerate
+    turns an FSDP config into plain DDP over CPU processes without a word (ACCELERATE_USE_FSDP stays set)."""
+    import os
+
+    env = os.environ if environ is None else environ
     name = str(getattr(distributed_type, "value", distributed_type))
+    for asked in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        if env.get(f"ACCELERATE_USE_{asked}", "").lower() in ("1", "true", "yes"):
+            name = asked
     if name not in SUPPORTED_DISTRIBUTED:
         raise ConfigError(f"accelerate's distributed type {name} is not supported by replrl; supported: one process "
                           "or DDP (accelerate launch --multi_gpu, also on CPUs); FSDP and DeepSpeed are not yet "
