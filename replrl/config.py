@@ -23,7 +23,8 @@ class ModelConfig:
     writes multi-line programs), or `tiny` (a tiny random Llama built from a config with SmolLM2's tokenizer: for
     smoke tests)."""
     dtype: str = "float32"
-    """float32, bfloat16 or float16 (the CPU wants float32)."""
+    """float32, bfloat16 or float16 (the CPU wants float32): how the weights are stored (and so AdamW's state and the
+    gradients). Training refuses float16 storage (no master weights, no scaler): use float32 with compute_dtype."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     chat_template: bool = True

@@ -78,6 +78,17 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sandbox forks; keep tokenizers quiet about it
 
 
+def _autocast_forward(model: torch.nn.Module, accelerator: Any) -> None:
+    """Run ``model``'s forward under accelerate's autocast, in whatever thread calls it (the hf generator's)."""
+    forward = model.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with accelerator.autocast():
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward
+
+
 class NullMetrics:
     """What a process other than the main one writes: nothing."""
 
@@ -221,6 +232,8 @@ class Trainer:
         update goes through it, so the wrapper's gradient reduction runs."""
         self.model = model
         """The policy itself (not wrapped; its parameters are the scorer's): generation, checkpoints, weight sync."""
+        if self.accelerator.mixed_precision != "no":  # the hf sampler computes as the update does (accelerate gave
+            _autocast_forward(model, self.accelerator)  # the scorer's forward the same autocast)
         self._grad_scale = self.world if self.world > 1 else 1
         """DDP averages the gradients over ranks; each rank's loss is weighted by its share of the minibatch, whose
         sum over ranks is the minibatch's loss: scaled by the number of ranks, the average is that sum."""

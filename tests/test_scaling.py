@@ -139,9 +139,9 @@ def test_qlora_on_this_cpu_is_refused_by_the_command_in_one_line(tmp_path):
 
 
 def test_float32_master_weights_under_bfloat16_autocast(format_model_dir, tmp_path):
-    """compute_dtype = bfloat16 over float32 storage: the update's scoring runs under bfloat16 autocast (its
-    log-probs differ from float32 scoring), the old log-probs are rescored the same way (the first ratio is exactly
-    1), and the weights, their gradients and AdamW's state stay float32."""
+    """compute_dtype = bfloat16 over float32 storage: the update's scoring (and the hf sampler's forward) runs under
+    bfloat16 autocast (its log-probs differ from float32 scoring), the old log-probs are rescored the same way (the
+    first ratio is exactly 1), and the weights, their gradients and AdamW's state stay float32."""
     from replrl.trainer import Trainer
 
     cfg = toy_config(str(format_model_dir))
@@ -154,6 +154,8 @@ def test_float32_master_weights_under_bfloat16_autocast(format_model_dir, tmp_pa
     on = batch["loss_mask"] > 0
     gap = (plain - autocast)[on].abs().max()
     assert 0 < gap < 0.1, gap                                         # bfloat16's rounding, not another model
+    with torch.no_grad():                                             # the hf sampler's forward: autocast too
+        assert trainer.model(input_ids=batch["input_ids"][:1]).logits.dtype == torch.bfloat16
     batch["old_logprobs"] = plain                                     # what a float32 sampler recorded
     stats = trainer.update(batch, adv)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["grad_norm"] > 0

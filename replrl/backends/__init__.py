@@ -119,8 +119,9 @@ def vllm_engine_args(cfg: Any, known: set[str] | None = None) -> dict[str, Any]:
     """The engine arguments a ``ModelConfig`` adds to what the vLLM backend picks (they win there): its [model.vllm]
     table, ``enable_sleep_mode`` for ``vllm_sleep``, and ``dtype`` = ``compute_dtype`` when that is set and the table
     names no dtype (the engine samples in the dtype the update computes in). ``known``: vLLM's argument names, to
-    refuse a misspelt one; None: looked up in the installed vLLM, if any. A pure function of the config."""
-    if known is None:
+    refuse a misspelt one; None: looked up in the installed vLLM, if any (not for backend hf: nothing is imported).
+    Otherwise a pure function of the config."""
+    if known is None and cfg.backend != "hf":
         try:
             import dataclasses
 
