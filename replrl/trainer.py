@@ -78,6 +78,17 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sandbox forks; keep tokenizers quiet about it
 
 
+def _fresh_accelerator_state(precision: str) -> None:
+    """accelerate keeps one state per process and refuses another mixed precision later: in a single process (a
+    notebook's second run, a test after another) whose earlier Trainer used another precision, start it afresh.
+    Under several processes it is left alone (every Trainer of a launched run has the same config)."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if state and int(os.environ.get("WORLD_SIZE", "1")) == 1 and str(state.get("_mixed_precision")) != precision:
+        AcceleratorState._reset_state()
+
+
 def _autocast_forward(model: torch.nn.Module, accelerator: Any) -> None:
     """Run ``model``'s forward under accelerate's autocast, in whatever thread calls it (the hf generator's)."""
     forward = model.forward
@@ -170,7 +181,9 @@ class Trainer:
         check_trainable(cfg.model, cpu)  # precision and adapters this machine cannot train: one line, now
         # broadcast_buffers off: the buffers of a causal LM (rotary tables) are the same on every rank, and DDP would
         # otherwise broadcast them at each synchronised forward
-        self.accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision(cfg.model, cpu),
+        precision = mixed_precision(cfg.model, cpu)
+        _fresh_accelerator_state(precision)
+        self.accelerator = Accelerator(cpu=cpu, mixed_precision=precision,
                                        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         check_distributed(self.accelerator.distributed_type)  # FSDP, DeepSpeed, ...: refused in one line
         # Processes (`accelerate launch`): each rank rolls out whole problems (a GRPO group never spans ranks), the

@@ -162,6 +162,10 @@ def test_float32_master_weights_under_bfloat16_autocast(format_model_dir, tmp_pa
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trainer.model.parameters())
     moments = [v for s in trainer.optimizer.state_dict()["state"].values() for k, v in s.items() if k != "step"]
     assert moments and all(v.dtype == torch.float32 for v in moments)
+    # a second Trainer in the same process (a notebook's next run) with another precision: accelerate's one state per
+    # process is started afresh rather than refusing it
+    again = Trainer(toy_config(str(format_model_dir)), tmp_path / "fp32", progress=False)
+    assert again.accelerator.mixed_precision == "no"
 
 
 # -- LoRA ----------------------------------------------------------------------------------------------------------
