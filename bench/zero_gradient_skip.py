@@ -55,7 +55,7 @@ def main() -> None:
         masks = trainers["skip"].banned(vocab)
         allowed = (~(masks.line_start | masks.anywhere)).nonzero()[:, 0]   # ids the sampler may write anywhere
         for _ in range(2):  # the sampler's log-probs, the policy's own (ratio 1); a random id the sampler bans there
-            old = trainers["skip"]._logprobs_no_grad(trainers["skip"].model, batch, trainers["skip"].sampling)
+            old = trainers["skip"]._logprobs_no_grad(trainers["skip"].scorer, batch, trainers["skip"].sampling)
             banned = (old == float("-inf")) & (batch["loss_mask"] > 0)    # (e.g. a newline in a line) is replaced
             batch["input_ids"][banned] = allowed[torch.randint(len(allowed), (int(banned.sum()),))]
         if banned.any():

@@ -39,7 +39,7 @@ def load_config(path: str | Path | None = None, **sections: dict[str, Any]) -> C
 def train(cfg: Config | None = None, run_dir: str | Path | None = None, *,
           on_step: Callable[[StepResult], Any] | None = None, resume: bool = False, progress: bool = False,
           task: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
-          reward_funcs: Sequence[Callable[..., Any]] = ()) -> Trainer:
+          reward_funcs: Sequence[Callable[..., Any]] = (), lora: Any = None) -> Trainer:
     """Train until ``cfg.run.max_steps`` and return the Trainer (its model is the trained policy).
 
     As TRL's ``GRPOTrainer(train_dataset=..., reward_funcs=...)``: ``task`` is a Task object to train on (instead of
@@ -54,7 +54,8 @@ def train(cfg: Config | None = None, run_dir: str | Path | None = None, *,
     (None: a new temporary directory, ``trainer.run_dir``). ``on_step(result)`` runs after every step with a
     ``StepResult`` (``step``, ``metrics``, ``trajectories``); ``LiveCurve()`` is one. ``resume=True`` continues the
     run in ``run_dir`` at its next step. ``progress`` shows the tqdm bar. Interrupting the kernel (Ctrl-C) finishes
-    the step in flight and saves a checkpoint, as in the terminal."""
+    the step in flight and saves a checkpoint, as in the terminal. ``lora``: a ``peft.LoraConfig`` for the
+    adapters (its rank, alpha, dropout and target modules become ``cfg.model``'s; other fields are refused)."""
     cfg = copy.deepcopy(cfg) if cfg is not None else Config()
     if task is not None and train_dataset is not None:
         raise ConfigError("give train() a task or a train_dataset, not both")
@@ -65,7 +66,8 @@ def train(cfg: Config | None = None, run_dir: str | Path | None = None, *,
     if task is not None:
         cfg.task.name = f"python:{type(task).__name__}"  # what config.toml records: not a task it can load
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="replrl-run-"))
-    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, task=task, reward_funcs=reward_funcs)
+    trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, task=task, reward_funcs=reward_funcs,
+                      lora=lora)
     trainer.train(on_step=on_step)
     return trainer
 

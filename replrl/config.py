@@ -23,7 +23,8 @@ class ModelConfig:
     writes multi-line programs), or `tiny` (a tiny random Llama built from a config with SmolLM2's tokenizer: for
     smoke tests)."""
     dtype: str = "float32"
-    """float32, bfloat16 or float16 (the CPU wants float32)."""
+    """float32, bfloat16 or float16 (the CPU wants float32): how the weights are stored (and so AdamW's state and the
+    gradients). Training refuses float16 storage (no master weights, no scaler): use float32 with compute_dtype."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     chat_template: bool = True
@@ -44,6 +45,34 @@ class ModelConfig:
     gpu_memory_utilization: float = 0.3
     """vllm on a GPU: the share of the GPU's memory the engine takes for its weights and KV cache; the trainer's
     model, optimizer state and activations need the rest (docs/gpu.md)."""
+    compute_dtype: str = ""
+    """The dtype the update computes in, over weights stored in model.dtype: empty (the same; bfloat16 storage on a
+    GPU also runs under bfloat16 autocast, as before), bfloat16 (float32 master weights, AdamW state and gradients,
+    forward and backward under bfloat16 autocast: on a GPU or a CPU) or float16 (float32 master weights, float16
+    autocast and a gradient scaler: GPU only). A compute dtype other than the storage one makes the update rescore
+    the sampled tokens as it computes them, so the first importance ratio is exactly 1. Set vLLM's dtype to the same
+    in [model.vllm] (dtype = "bfloat16") to sample in it too."""
+    lora_alpha: float = 0.0
+    """LoRA scaling numerator (the adapter's update is scaled by lora_alpha / lora_rank); 0: 2 * lora_rank."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA adapters' input during the update (0: none)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get adapters: ["all-linear"] (every linear layer but the LM head) or module names, e.g.
+    ["q_proj", "k_proj", "v_proj", "o_proj"]. From Python, a peft.LoraConfig may be passed instead
+    (``Trainer(cfg, run_dir, lora=LoraConfig(...))``, ``replrl.train(..., lora=...)``)."""
+    load_in_4bit: bool = False
+    """QLoRA: load the base weights quantised to 4 bits (NF4, bitsandbytes) and train LoRA adapters over them (needs
+    lora_rank > 0, a CUDA GPU and the bitsandbytes package; refused in one line elsewhere). The adapters and the
+    compute run in compute_dtype (default bfloat16 here)."""
+    vllm: dict[str, Any] = field(default_factory=dict)
+    """vllm: keyword arguments for vLLM's engine (AsyncEngineArgs), as a [model.vllm] table, e.g.
+    {tensor_parallel_size = 2, max_num_seqs = 256, enforce_eager = true, dtype = "bfloat16"}. They win over what
+    replrl picks, except the arguments replrl's weight sync and line rule depend on (refused, one line) and the
+    memory share, which is model.gpu_memory_utilization. Checked against the installed vLLM when the engine starts."""
+    vllm_sleep: bool = False
+    """vllm on a GPU: put the engine to sleep during the update (its KV cache freed, its weights dropped: they are
+    copied in again after the step anyway) and wake it before the weight sync, so the update has the GPU's memory
+    the engine holds; costs a wake-up a step (docs/training.md)."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
@@ -55,6 +84,24 @@ class ModelConfig:
             raise ConfigError("model.sync_timeout_s must be > 0")
         if not 0 < self.gpu_memory_utilization < 1:
             raise ConfigError("model.gpu_memory_utilization must be between 0 and 1")
+        check_choice("model.compute_dtype", self.compute_dtype, ("", "float32", "bfloat16", "float16"))
+        if self.compute_dtype not in ("", self.dtype) and self.dtype != "float32":
+            raise ConfigError(f"model.compute_dtype {self.compute_dtype} over model.dtype {self.dtype}: a separate "
+                              "compute dtype needs float32 storage (master weights); set model.dtype = float32")
+        if self.lora_alpha < 0 or not 0 <= self.lora_dropout < 1:
+            raise ConfigError("model.lora_alpha must be >= 0 and model.lora_dropout in [0, 1)")
+        if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
+            raise ConfigError(f'model.lora_target_modules must be ["all-linear"] or module names; got '
+                              f"{self.lora_target_modules!r}")
+        if self.load_in_4bit and self.lora_rank == 0:
+            raise ConfigError("model.load_in_4bit (QLoRA) trains adapters over frozen 4-bit weights: set "
+                              "model.lora_rank > 0")
+        if self.load_in_4bit and self.backend == "vllm":
+            raise ConfigError("model.load_in_4bit: the vllm backend cannot take 4-bit weights from the trainer; use "
+                              "backend = hf with QLoRA")
+        from .backends import check_vllm_table
+
+        check_vllm_table(self.vllm)
 
 
 @dataclass

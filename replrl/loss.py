@@ -118,6 +118,36 @@ def token_logprobs(
     return _token_logprobs(model, input_ids, attention_mask, params, banned, False, loss_mask)[0]
 
 
+class TokenScorer(torch.nn.Module):
+    """A causal LM whose forward is the update's scoring: ``token_logprobs_and_entropy`` of the LM it holds.
+
+    This is the module ``accelerate`` prepares (wraps in DDP, ...): every forward of the update goes through the
+    wrapper, so DDP's hooks arm and its bucketed all-reduce overlaps the backward, while the scoring inside stays
+    what the unwrapped path does (the decoder once, then the LM head in chunks on the scored tokens only: the
+    [tokens, vocabulary] logits are never materialised at once). ``lm`` is the policy itself (its parameters are
+    shared, not copied): generation and checkpoints use it directly.
+    """
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, params: SamplingParams,
+                banned: Tensor | TokenMasks | None = None, loss_mask: Tensor | None = None,
+                with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+        """(log-probs [B, T], entropies [B, T] or None): see ``token_logprobs_and_entropy``."""
+        return _token_logprobs(self.lm, input_ids, attention_mask, params, banned, with_entropy, loss_mask)
+
+    def unused_parameters(self) -> list[str]:
+        """Names of trainable parameters the scoring does not reach (neither in the decoder nor the LM head): DDP
+        must be told to look for them (``find_unused_parameters``), else its reduction waits for them forever."""
+        parts = _decoder_and_head(self.lm)
+        if parts is None:  # the full forward runs: every parameter is reached
+            return []
+        used = {id(p) for part in parts for p in part.parameters()}
+        return [n for n, p in self.lm.named_parameters() if p.requires_grad and id(p) not in used]
+
+
 def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """(decoder, LM head) of a causal LM (also under DDP or peft wrappers), or None if it does not split so."""
     base = getattr(model, "module", model)

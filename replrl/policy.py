@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
+from .configlib import ConfigError
 from .models import SMOLLM2_ALIAS, load_model_and_tokenizer, load_tokenizer, tiny_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,7 +21,9 @@ def load_policy(cfg: ModelConfig, seed: int = 0, checkpoint: Path | None = None)
     source = checkpoint / "model" if checkpoint is not None else None
     if source is not None and (source / "adapter_config.json").exists():
         return _load_lora_checkpoint(cfg, source, dtype, seed)
-    if source is not None:
+    if cfg.load_in_4bit:
+        model, tokenizer = _load_4bit(cfg, str(source) if source is not None else cfg.name)
+    elif source is not None:
         model, tokenizer = load_model_and_tokenizer(str(source), dtype=dtype)
     elif cfg.name == "tiny":
         tokenizer = load_tokenizer(SMOLLM2_ALIAS)
@@ -28,7 +31,7 @@ def load_policy(cfg: ModelConfig, seed: int = 0, checkpoint: Path | None = None)
     else:
         model, tokenizer = load_model_and_tokenizer(cfg.name, dtype=dtype)
     if cfg.lora_rank > 0:
-        model = _with_lora(model, cfg.lora_rank)
+        model = _with_lora(model, cfg)
     return model, tokenizer
 
 
@@ -45,18 +48,132 @@ def enable_gradient_checkpointing(model: Any) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _with_lora(model: Any, rank: int) -> Any:
+def lora_config(cfg: ModelConfig) -> Any:
+    """The ``peft.LoraConfig`` of ``cfg``'s adapters (rank, alpha, dropout, target modules)."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
     except ImportError:
         raise ValueError("model.lora_rank > 0 needs peft: pip install 'replrl[lora]'") from None
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
-                                            task_type="CAUSAL_LM"))
+    targets = cfg.lora_target_modules
+    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_rank, lora_dropout=cfg.lora_dropout,
+                      target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets),
+                      task_type="CAUSAL_LM")
+
+
+LORA_CARRIED = ("r", "lora_alpha", "lora_dropout", "target_modules", "task_type")
+"""The ``peft.LoraConfig`` fields a run's config carries (model.lora_rank, lora_alpha, lora_dropout,
+lora_target_modules); a LoraConfig that sets any other away from peft's default is refused."""
+
+
+def apply_lora_config(cfg: ModelConfig, lora: Any) -> ModelConfig:
+    """``cfg`` with its LoRA fields taken from a ``peft.LoraConfig`` (so config.toml records them and a resumed run
+    rebuilds the same adapters). A field the config cannot carry, set away from peft's default, is a ConfigError."""
+    from peft import LoraConfig
+
+    if not isinstance(lora, LoraConfig):
+        raise ConfigError(f"lora must be a peft.LoraConfig; got {type(lora).__name__}")
+    default = LoraConfig()
+    extra = sorted(k for k in vars(default) if k not in LORA_CARRIED and not k.startswith("_")
+                   and getattr(lora, k, None) != getattr(default, k, None))
+    if extra:
+        raise ConfigError(f"lora: LoraConfig.{extra[0]} is not carried by replrl's config (it carries "
+                          f"{', '.join(LORA_CARRIED[:4])}); leave it at peft's default")
+    if lora.task_type not in (None, "CAUSAL_LM"):
+        raise ConfigError(f"lora: task_type must be CAUSAL_LM; got {lora.task_type!r}")
+    targets = lora.target_modules
+    targets = ["all-linear"] if targets in (None, "all-linear") else [targets] if isinstance(targets, str) else \
+        sorted(targets)
+    return ModelConfig(**{**vars(cfg), "lora_rank": lora.r, "lora_alpha": float(lora.lora_alpha),
+                          "lora_dropout": float(lora.lora_dropout), "lora_target_modules": targets})
+
+
+def _with_lora(model: Any, cfg: ModelConfig) -> Any:
+    from peft import get_peft_model
+
+    config = lora_config(cfg)
+    if cfg.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return get_peft_model(model, config)
+
+
+def _load_4bit(cfg: ModelConfig, spec: str) -> tuple[Any, Any]:
+    """QLoRA's base model: NF4 weights (bitsandbytes), computing in compute_dtype (default bfloat16)."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from .models import resolve_model
+
+    compute = DTYPES[cfg.compute_dtype or "bfloat16"]
+    source = resolve_model(spec)
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute,
+                               bnb_4bit_use_double_quant=True)
+    model = AutoModelForCausalLM.from_pretrained(source, quantization_config=quant, dtype=compute,
+                                                 device_map={"": torch.cuda.current_device()})
+    return model, load_tokenizer(source)
+
+
+SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
+"""accelerate's distributed types replrl trains under: one process, and DDP over processes (CPU or GPU)."""
+
+
+def check_distributed(distributed_type: Any, environ: dict[str, str] | None = None) -> None:
+    """Refuse, in one line, a distributed setting replrl does not train under (FSDP, DeepSpeed, Megatron, XLA...)
+    instead of bypassing it. ``environ`` (default ``os.environ``) is read too: on a machine without GPUs accelerate
+    turns an FSDP config into plain DDP over CPU processes without a word (ACCELERATE_USE_FSDP stays set)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    name = str(getattr(distributed_type, "value", distributed_type))
+    for asked in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        if env.get(f"ACCELERATE_USE_{asked}", "").lower() in ("1", "true", "yes"):
+            name = asked
+    if name not in SUPPORTED_DISTRIBUTED:
+        raise ConfigError(f"accelerate's distributed type {name} is not supported by replrl; supported: one process "
+                          "or DDP (accelerate launch --multi_gpu, also on CPUs); FSDP and DeepSpeed are not yet "
+                          "(docs/training.md, 'Several GPUs')")
+
+
+def mixed_precision(cfg: ModelConfig, cpu: bool) -> str:
+    """accelerate's ``mixed_precision`` for model.dtype (storage) and model.compute_dtype: "no", "bf16" or "fp16"."""
+    compute = cfg.compute_dtype or cfg.dtype
+    if cfg.load_in_4bit:  # bitsandbytes computes in its compute dtype; the adapters are float32 under autocast
+        return {"bfloat16": "bf16", "float16": "fp16"}.get(cfg.compute_dtype or "bfloat16", "no")
+    if compute == cfg.dtype:  # as before compute_dtype existed: bfloat16 weights under bfloat16 autocast on a GPU
+        return "bf16" if compute == "bfloat16" and not cpu else "no"
+    return {"bfloat16": "bf16", "float16": "fp16"}.get(compute, "no")
+
+
+def check_trainable(cfg: ModelConfig, cpu: bool) -> None:
+    """Refuse, in one line, precision and adapter settings this machine cannot train with."""
+    if cfg.dtype == "float16" and cfg.compute_dtype in ("", "float16"):
+        raise ConfigError("model.dtype = float16 would train float16 weights without master weights or a gradient "
+                          "scaler: set model.dtype = float32 with compute_dtype = float16 (GPU: autocast and a "
+                          "gradient scaler) or bfloat16")
+    if cfg.compute_dtype == "float16" and cpu:
+        raise ConfigError("model.compute_dtype = float16 needs a GPU (float16 autocast with a gradient scaler); on "
+                          "the CPU use bfloat16 or float32")
+    if cfg.load_in_4bit:
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            raise ConfigError("model.load_in_4bit (QLoRA) needs bitsandbytes, which is not installed here: pip "
+                              "install bitsandbytes (on a CUDA GPU), or set load_in_4bit = false") from None
+        if cpu:
+            raise ConfigError("model.load_in_4bit (QLoRA) needs a CUDA GPU here: set load_in_4bit = false on the CPU")
+    if cfg.vllm_sleep and cpu:
+        raise ConfigError("model.vllm_sleep needs vLLM on a GPU (its sleep mode is CUDA only): set vllm_sleep = "
+                          "false on the CPU")
 
 
 def _load_lora_checkpoint(cfg: ModelConfig, source: Path, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    base, _ = load_policy(ModelConfig(**{**vars(cfg), "lora_rank": 0}), seed=seed)
+    if cfg.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        base = prepare_model_for_kbit_training(_load_4bit(cfg, cfg.name)[0], use_gradient_checkpointing=False)
+    else:
+        base, _ = load_policy(ModelConfig(**{**vars(cfg), "lora_rank": 0}), seed=seed)
     return PeftModel.from_pretrained(base, str(source), is_trainable=True), AutoTokenizer.from_pretrained(source)

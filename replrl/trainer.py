@@ -43,7 +43,7 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import close_generator, load_generator
+from .backends import close_generator, load_generator, sleep_generator, vllm_engine_args, wake_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
@@ -58,9 +58,16 @@ from .dynamic_sampling import (
     wave_metrics,
 )
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
-from .loss import grpo_loss, masked_mean, token_logprobs, token_logprobs_and_entropy
+from .loss import TokenScorer, grpo_loss, masked_mean
 from .metrics import EvalWaves, MetricsWriter, check_trackers, open_trackers
-from .policy import enable_gradient_checkpointing, load_policy
+from .policy import (
+    apply_lora_config,
+    check_distributed,
+    check_trainable,
+    enable_gradient_checkpointing,
+    load_policy,
+    mixed_precision,
+)
 from .provenance import record_environment
 from .rewards import RewardModel
 from .rollout import EpisodeRules, RolloutStats, rollout, summarize
@@ -72,6 +79,28 @@ console = logging.getLogger("replrl.console")
 """What a run tells its user as it goes (held-out results, a spent time budget): `replrl train` shows it at its
 default log level."""
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the sandbox forks; keep tokenizers quiet about it
+
+
+def _fresh_accelerator_state(precision: str) -> None:
+    """accelerate keeps one state per process and refuses another mixed precision later: in a single process (a
+    notebook's second run, a test after another) whose earlier Trainer used another precision, start it afresh.
+    Under several processes it is left alone (every Trainer of a launched run has the same config)."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if state and int(os.environ.get("WORLD_SIZE", "1")) == 1 and str(state.get("_mixed_precision")) != precision:
+        AcceleratorState._reset_state()
+
+
+def _autocast_forward(model: torch.nn.Module, accelerator: Any) -> None:
+    """Run ``model``'s forward under accelerate's autocast, in whatever thread calls it (the hf generator's)."""
+    forward = model.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with accelerator.autocast():
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward
 
 
 class NullMetrics:
@@ -141,18 +170,30 @@ class Trainer:
     the same, faster (False: run every backward, as a check of that claim)."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True, *,
-                 task: Any = None, reward_funcs: Sequence[Callable[..., Any]] = ()):
+                 task: Any = None, reward_funcs: Sequence[Callable[..., Any]] = (), lora: Any = None):
         """``task``: a Task object to train on instead of ``cfg.task``'s (from Python: ``replrl.train(task=...)``).
-        ``reward_funcs``: episode-level reward functions (callables) beside ``cfg.rewards.functions``."""
+        ``reward_funcs``: episode-level reward functions (callables) beside ``cfg.rewards.functions``.
+        ``lora``: a ``peft.LoraConfig`` for the adapters (its rank, alpha, dropout and target modules are written
+        into ``cfg.model``, so the run's config.toml records them; fields it cannot carry are refused)."""
         from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
 
+        if lora is not None:
+            cfg = dataclasses.replace(cfg, model=apply_lora_config(cfg.model, lora))
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
         self.isolation = cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before any work
         cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
-        self.accelerator = Accelerator(cpu=cpu, mixed_precision="bf16" if cfg.model.dtype == "bfloat16" and not cpu
-                                       else "no")
+        check_trainable(cfg.model, cpu)  # precision and adapters this machine cannot train: one line, now
+        # broadcast_buffers off: the buffers of a causal LM (rotary tables) are the same on every rank, and DDP would
+        # otherwise broadcast them at each synchronised forward
+        precision = mixed_precision(cfg.model, cpu)
+        _fresh_accelerator_state(precision)
+        self.accelerator = Accelerator(cpu=cpu, mixed_precision=precision,
+                                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+        check_distributed(self.accelerator.distributed_type)  # FSDP, DeepSpeed, ...: refused in one line
         # Processes (`accelerate launch`): each rank rolls out whole problems (a GRPO group never spans ranks), the
-        # gradients are summed over ranks, and only the main process writes files (nanoGPT's master_process).
+        # update runs through the model accelerate prepared (DDP reduces the gradients, bucketed and overlapped with
+        # the backward), and only the main process writes files (nanoGPT's master_process).
         self.main = self.accelerator.is_main_process
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         if cfg.rollout.problems_per_step < self.world:
@@ -202,14 +243,31 @@ class Trainer:
                                       weight_decay=cfg.optim.weight_decay)
         # The scheduler is not prepared: accelerate's wrapper steps it once per process per step.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        scorer = TokenScorer(model)
+        if scorer.unused_parameters():  # trainable parameters outside the decoder and the LM head: DDP looks for them
+            self.accelerator.ddp_handler = DistributedDataParallelKwargs(broadcast_buffers=False,
+                                                                         find_unused_parameters=True)
+        self.scorer, self.optimizer = self.accelerator.prepare(scorer, optimizer)
+        """The update's scoring module as accelerate prepared it (DDP under several processes): every forward of the
+        update goes through it, so the wrapper's gradient reduction runs."""
+        self.model = model
+        """The policy itself (not wrapped; its parameters are the scorer's): generation, checkpoints, weight sync."""
+        if self.accelerator.mixed_precision != "no":  # the hf sampler computes as the update does (accelerate gave
+            _autocast_forward(model, self.accelerator)  # the scorer's forward the same autocast)
+        self._grad_scale = self.world if self.world > 1 else 1
+        """DDP averages the gradients over ranks; each rank's loss is weighted by its share of the minibatch, whose
+        sum over ranks is the minibatch's loss: scaled by the number of ranks, the average is that sum."""
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
-        self.generator = load_generator(cfg.model.backend, self.accelerator.unwrap_model(self.model), self.tokenizer,
+        self.generator = load_generator(cfg.model.backend, self.model, self.tokenizer,
                                         device=self.accelerator.device, sync_timeout_s=cfg.model.sync_timeout_s,
                                         sync_transport=cfg.model.sync_transport,
                                         gpu_memory_utilization=cfg.model.gpu_memory_utilization,
-                                        max_rows=cfg.rollout.group_size * self._local_problems())
+                                        max_rows=cfg.rollout.group_size * self._local_problems(),
+                                        engine_args=vllm_engine_args(cfg.model))
+        if cfg.model.vllm_sleep and not hasattr(self.generator, "engine"):
+            raise ConfigError(f"model.vllm_sleep puts vLLM's engine to sleep during the update; the backend here is "
+                              f"{type(self.generator).__name__}: set model.backend = vllm or vllm_sleep = false")
         self.rewards = RewardModel(cfg.rewards.weights, cfg.rewards.gates,
                                    functions=[*cfg.rewards.functions, *reward_funcs])
         self.rules = EpisodeRules.from_config(cfg.rollout)
@@ -480,6 +538,8 @@ class Trainer:
         metrics.update(line_advantage_stats(adv, batch))  # how much lines of an episode differ (this rank's)
         # 5. loss and optimizer step(s)
         t_update = time.perf_counter()
+        if cfg.model.vllm_sleep:  # the engine's KV cache and weights freed for the update's memory
+            sleep_generator(self.generator)
         update_stats = self.update(batch, adv)
         if self.world > 1:  # the mean over ranks of each rank's update statistics
             update_stats["weights_checksum"] = float(sum(p.detach().double().sum() for p in self.model.parameters()))
@@ -490,7 +550,9 @@ class Trainer:
         metrics.update(update_stats)
         # 5b. publish the new weights to the sampler (vLLM: copied in memory, prefix cache dropped; HF: nothing)
         t_sync = time.perf_counter()
-        self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
+        if cfg.model.vllm_sleep:
+            wake_generator(self.generator)
+        self.generator.sync_weights(self.model)
         metrics["time/sync_weights_s"] = time.perf_counter() - t_sync
         if transport := getattr(self.generator, "last_sync_transport", ""):
             metrics[f"sync/{transport}"] = 1.0  # which way the weights went (vLLM's auto: cuda_ipc or shm)
@@ -597,11 +659,13 @@ class Trainer:
         self.model.train()
         B = batch["input_ids"].shape[0]
         sampling = self.sampling
-        if cfg.optim.epochs > 1 or cfg.optim.minibatches > 1:  # reused samples: the old policy is the current one
-            old = self._logprobs_no_grad(self.model, batch, sampling)
+        # reused samples, or a compute dtype the sampler did not run in: the old policy is the current one, scored
+        # as the update scores it (so the first ratio is exactly 1)
+        if cfg.optim.epochs > 1 or cfg.optim.minibatches > 1 or cfg.model.compute_dtype not in ("", cfg.model.dtype):
+            old = self._logprobs_no_grad(self.scorer, batch, sampling)
         else:  # one pass on fresh samples: the sampler's own log-probs are the old policy's
             old = batch["old_logprobs"]
-        ref = self._logprobs_no_grad(self.ref_model, batch, sampling) if self.ref_model is not None else None
+        ref = None if self.ref_model is None else self._logprobs_no_grad(TokenScorer(self.ref_model), batch, sampling)
         totals: dict[str, float] = {}
         count = micros = skipped = empty = 0
         kl_term = ref is not None and bool(cfg.loss.kl_coef)
@@ -612,23 +676,29 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 weights, share = self._micro_weights(batch, mb)
                 skipped_before = skipped
-                for micro, weight in weights:
+                # zero advantage on every scored token and no KL term: the gradient is exactly zero, so only the
+                # forward runs (for the logged statistics), without autograd and without a backward
+                skips = [self.skip_zero_gradient and not kl_term and not bool(
+                    adv[micro].masked_fill(batch["loss_mask"][micro] == 0, 0.0).any()) for micro, _ in weights]
+                order = list(range(len(weights)))
+                if self.world > 1:  # DDP reduces in the minibatch's last backward, which every rank must run: the
+                    order.sort(key=lambda k: not skips[k])  # skipped micro-batches go first, and the last one runs
+                    skips[order[-1]] = False                # its backward even at a zero gradient
+                for j in order:
+                    (micro, weight), skip = weights[j], skips[j]
                     ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
                     T = int(att.sum(1).max())
                     ids, att, lm = ids[:, :T], att[:, :T], lm[:, :T]                        # [b, T]
-                    # zero advantage on every scored token and no KL term: the gradient is exactly zero, so only
-                    # the forward runs (for the logged statistics), without autograd and without a backward
-                    skip = self.skip_zero_gradient and not kl_term and not bool(
-                        adv[micro].masked_fill(batch["loss_mask"][micro] == 0, 0.0).any())
-                    with torch.no_grad() if skip else contextlib.nullcontext():
-                        logp, entropy = token_logprobs_and_entropy(self.model, ids, att, sampling,
-                                                                   self.banned(self._vocab()), loss_mask=lm)
+                    # gradients accumulate locally until the last backward, whose DDP hooks reduce them
+                    sync = contextlib.nullcontext() if j == order[-1] else self.accelerator.no_sync(self.scorer)
+                    with sync, torch.no_grad() if skip else contextlib.nullcontext():
+                        logp, entropy = self.scorer(ids, att, sampling, self.banned(self._vocab()), loss_mask=lm)
                         loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device),
                                                 lm, clip=(cfg.loss.clip_low, cfg.loss.clip_high), agg=cfg.loss.agg,
                                                 ref_logp=None if ref is None else ref[micro][:, :T].to(device),
                                                 kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
-                    if not skip:
-                        self.accelerator.backward(loss * (weight * share))
+                        if not skip:
+                            self.accelerator.backward(loss * (weight * share * self._grad_scale))
                     micros, skipped = micros + 1, skipped + skip
                     stats["entropy"] = float(masked_mean(entropy, lm))
                     stats["loss"] = float(loss.detach())
@@ -639,11 +709,10 @@ class Trainer:
                     for p in params:  # gradients, as computed ones (AdamW still decays and moves by momentum; it
                         if p.grad is None:  # would skip a None gradient)
                             p.grad = torch.zeros_like(p)
-                self._sum_gradients_over_ranks(params)
                 norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
                 count += 1
-                if cfg.optim.skip_empty_steps and float(norm) == 0.0:  # the same norm on every rank (summed grads)
+                if cfg.optim.skip_empty_steps and float(norm) == 0.0:  # the same norm on every rank (reduced grads)
                     empty += 1
                     continue
                 self.optimizer.step()
@@ -671,28 +740,20 @@ class Trainer:
         total = self._sum_over_ranks(local)
         return [(m, size(m) / (local or 1.0)) for m in micros], (local / total if total else 0.0)
 
-    def _sum_gradients_over_ranks(self, params: list[torch.Tensor]) -> None:
-        """Sum each gradient over processes (the loss is already weighted by each rank's share). Done by hand: the
-        update scores tokens through the unwrapped decoder, so DDP's own hooks never arm."""
-        if self.world == 1:
-            return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            torch.distributed.all_reduce(p.grad)
-
     def _vocab(self) -> int:
         return self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
 
     @torch.no_grad()
-    def _logprobs_no_grad(self, model: Any, batch: dict[str, torch.Tensor], sampling: SamplingParams) -> torch.Tensor:
+    def _logprobs_no_grad(self, scorer: Any, batch: dict[str, torch.Tensor], sampling: SamplingParams) -> torch.Tensor:
+        """Log-probs [B, T] of the batch's tokens under ``scorer`` (a ``TokenScorer``, wrapped or not)."""
         device = self.accelerator.device
         out = torch.zeros_like(batch["old_logprobs"])
         for micro in torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch):
             ids, att = batch["input_ids"][micro].to(device), batch["attention_mask"][micro].to(device)
             lm = batch["loss_mask"][micro].to(device)
             T = int(att.sum(1).max())
-            logp = token_logprobs(model, ids[:, :T], att[:, :T], sampling, self.banned(self._vocab()), lm[:, :T])
+            logp, _ = scorer(ids[:, :T], att[:, :T], sampling, self.banned(self._vocab()), lm[:, :T],
+                             with_entropy=False)
             out[micro, :T] = logp.float().cpu()
         return out
 
@@ -767,7 +828,7 @@ class Trainer:
 
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; every rank holds the same state)."""
-        model = self.accelerator.unwrap_model(self.model)
+        model = self.model
         self._saved_step = self.step
         path, error = None, None
         if self.main:

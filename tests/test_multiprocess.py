@@ -1,5 +1,6 @@
 """`accelerate launch` with 2 CPU processes (gloo): each rank rolls out its share of the step's problems with its own
-kernel pool, gradients are summed over ranks, only the main process writes, and resume continues both ranks."""
+kernel pool, the update runs through the DDP wrapper accelerate prepared (which reduces the gradients), only the main
+process writes, and resume continues both ranks. Settings replrl does not train under (FSDP) are refused."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from replrl import checkpoint
 from replrl.metrics import read_metrics
@@ -35,6 +37,52 @@ def launch(*args: str) -> subprocess.CompletedProcess:
            "examples/smoke.toml", "--no-progress", "--model.device", "cpu", *args]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=500)
+
+
+def accelerate_launch(*args: str, processes: int = 2) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+            "--dynamo_backend", "no", *args]
+
+
+def test_ddp_update_over_two_processes_equals_one_process_over_the_whole_batch(format_model_dir, tmp_path):
+    """The same batch, split over 2 ranks (each scoring through DDP, skipping and reordering its zero-advantage
+    micro-batches, reducing in its last backward) or whole in one process: the same gradients and weights after two
+    AdamW steps, to float tolerance. Without the reduction, rank 0 would hold its half's gradient only."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    for cmd, out in (([sys.executable, "-m", "tests.ddp_update"], one),
+                     (accelerate_launch("-m", "tests.ddp_update"), two)):
+        done = subprocess.run([*cmd, str(format_model_dir), str(out)], capture_output=True, text=True, cwd=ROOT,
+                              env=env, timeout=500)
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = torch.load(one), torch.load(two)
+    assert (a["world"], b["world"]) == (1, 2)
+    assert b["wrapper"] == "DistributedDataParallel", "the update must score through accelerate's DDP wrapper"
+    for sa, sb in zip(a["stats"], b["stats"], strict=True):
+        assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
+    for ga, gb in zip(a["grads"], b["grads"], strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+    for pa, pb in zip(a["params"], b["params"], strict=True):
+        torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-6)
+
+
+def test_fsdp_is_refused_in_one_line_at_start(tmp_path):
+    """An accelerate config asking for FSDP is refused before any work, not bypassed (nor DeepSpeed, Megatron...).
+    On a machine without GPUs accelerate itself turns it into DDP over CPU processes without a word: replrl reads
+    what was asked."""
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 1\n"
+                      "num_processes: 2\nmixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 2\n")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
+           str(free_port()), "-m", "replrl", "train", "examples/smoke.toml", "--no-progress", "--model.device",
+           "cpu", "--run-dir", str(tmp_path / "run")]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
+    assert done.returncode != 0
+    assert "accelerate's distributed type FSDP is not supported by replrl; supported: one process or DDP" in \
+        done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_two_processes_train_write_once_and_resume(format_model_dir, tmp_path):

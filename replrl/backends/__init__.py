@@ -81,3 +81,79 @@ def close_generator(generator: Any) -> None:
 __all__ = ["BACKENDS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class", "close_generator",
            "eos_ids", "line_end_ids", "line_starts", "load_generator", "newline_banned_mask", "sampling_logprobs",
            "token_masks"]
+
+
+VLLM_OWNED_ARGS: dict[str, str] = {
+    "model": "replrl writes the policy's config to a directory of its own and copies the weights in",
+    "tokenizer": "the policy's tokenizer is saved beside its config",
+    "load_format": "the engine starts with dummy weights; the trainer's are copied in",
+    "logprobs_mode": "the sampled distribution's log-probs are the importance ratio's denominator",
+    "max_logprobs": "only the sampled token's log-prob is returned",
+    "logits_processors": "the line rule (no newline inside a line) is a logits processor",
+    "worker_extension_cls": "the weight sync is a worker extension",
+    "gpu_memory_utilization": "set model.gpu_memory_utilization",
+    "enable_sleep_mode": "set model.vllm_sleep",
+}
+"""vLLM engine arguments a [model.vllm] table may not set, and why (what replrl's backend depends on)."""
+
+
+def check_vllm_table(table: Any, known: set[str] | None = None) -> None:
+    """Raise ConfigError (one line) for a [model.vllm] table that is not a table, sets an argument
+    replrl owns, or (when ``known``, vLLM's AsyncEngineArgs field names, is given) names an argument vLLM lacks."""
+    import difflib
+
+    from replrl.configlib import ConfigError
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"model.vllm must be a table of vLLM engine arguments; got {table!r}")
+    for key in table:
+        if key in VLLM_OWNED_ARGS:
+            raise ConfigError(f"model.vllm.{key} cannot be set: {VLLM_OWNED_ARGS[key]}")
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"model.vllm.{key} is not an argument of the installed vLLM's engine{hint}")
+
+
+def vllm_engine_args(cfg: Any, known: set[str] | None = None) -> dict[str, Any]:
+    """The engine arguments a ``ModelConfig`` adds to what the vLLM backend picks (they win there): its [model.vllm]
+    table, ``enable_sleep_mode`` for ``vllm_sleep``, and ``dtype`` = ``compute_dtype`` when that is set and the table
+    names no dtype (the engine samples in the dtype the update computes in). ``known``: vLLM's argument names, to
+    refuse a misspelt one; None: looked up in the installed vLLM, if any (not for backend hf: nothing is imported).
+    Otherwise a pure function of the config."""
+    if known is None and cfg.backend != "hf":
+        try:
+            import dataclasses
+
+            from vllm.engine.arg_utils import AsyncEngineArgs
+
+            known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        except Exception:  # not installed (or not importable here): the backend says so when it is picked
+            known = None
+    check_vllm_table(cfg.vllm, known)
+    args = dict(cfg.vllm)
+    if cfg.compute_dtype and "dtype" not in args:
+        args["dtype"] = cfg.compute_dtype
+    if cfg.vllm_sleep:
+        args["enable_sleep_mode"] = True
+    return args
+
+
+VLLM_SLEEP_LEVEL = 2
+"""Sleep level used during the update: 2 frees the KV cache and drops the weights (they are copied in after the
+update anyway); 1 would keep a copy of them in host memory."""
+
+
+def sleep_generator(generator: Any) -> None:
+    """vLLM: put the engine to sleep (``VLLM_SLEEP_LEVEL``) so the update can use its GPU memory; other backends:
+    nothing. ``wake_generator`` and then ``sync_weights`` bring it back with the new weights."""
+    engine = getattr(generator, "engine", None)
+    if engine is not None and hasattr(engine, "sleep"):
+        generator._loop.call(engine.sleep(level=VLLM_SLEEP_LEVEL))
+
+
+def wake_generator(generator: Any) -> None:
+    """Undo ``sleep_generator`` (vLLM: reallocate the weights and the KV cache); other backends: nothing."""
+    engine = getattr(generator, "engine", None)
+    if engine is not None and hasattr(engine, "wake_up"):
+        generator._loop.call(engine.wake_up())
