@@ -320,11 +320,14 @@ def main() -> None:
                                       round(per_row))
                     # vLLM's own step statistics: the loop's steps beside plain generation's
                     fig |= {"vllm_steps_repl": run["steps"], "vllm_steps_plain": plain_steps}
-                    # plain generation with each per-step cost of the loop's requests added in turn: each its price
+                    # plain generation with each per-step cost of the loop's requests added in turn: each its price,
+                    # the best of two runs of each against the best of two without (one run swings by 10-30% on a
+                    # shared CPU)
+                    base = min(plain, vllm_plain(gen, prompts, round(per_row)))
                     for k in range(1, len(PLAIN_COSTS) + 1):
                         costs = PLAIN_COSTS[:k]
-                        t = vllm_plain(gen, prompts, round(per_row), costs, banned)
-                        fig[f"vllm_plain_with_{'+'.join(costs)}_ratio"] = round(t / plain, 3)
+                        t = min(vllm_plain(gen, prompts, round(per_row), costs, banned) for _ in range(2))
+                        fig[f"vllm_plain_with_{'+'.join(costs)}_ratio"] = round(t / base, 3)
                     fig |= {"vllm_same_tokens_plain_s": round(same, 3),
                             "vllm_repl_vs_same_tokens_ratio": round(run["wall"] / same, 3),
                             "vllm_same_tokens_vs_plain_ratio": round(same / plain, 3)}

@@ -67,7 +67,7 @@ class CpuGroups:
     """CPU seconds per group from its creation to ``read()``. The sampling runs in a process of its own (walking
     /proc for hundreds of kernel processes would otherwise cost this process CPU, and its event loop the GIL)."""
 
-    def __init__(self, every: float = 0.2) -> None:
+    def __init__(self, every: float = 0.5) -> None:
         self._self = resource.getrusage(resource.RUSAGE_SELF)
         self._sampler = subprocess.Popen([sys.executable, __file__, str(os.getpid()), str(every)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
