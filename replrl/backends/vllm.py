@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import itertools
 import logging
 import os
@@ -77,7 +78,6 @@ try:
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
-    from vllm.v1.metrics.loggers import StatLoggerBase
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
     from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 except Exception as e:  # not installed, or installed against another torch (e.g. torchvision operators missing)
@@ -184,6 +184,7 @@ class LineRuleLogitsProcessor(LogitsProcessor):
 
 def step_logger_class(log: StepLog) -> type:
     """A vLLM stat logger class (vLLM makes one per engine, in this process) that appends every step to ``log``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase  # imported only when asked: the backend does without it
 
     class _StepLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0):
@@ -894,7 +895,11 @@ class VLLMGenerator:
 
 
 async def _start(args: AsyncEngineArgs, stat_loggers: list[type] | None = None) -> AsyncLLM:
-    return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
+    if stat_loggers and "stat_loggers" not in inspect.signature(AsyncLLM.from_engine_args).parameters:
+        logging.getLogger(__name__).warning("this vLLM takes no stat loggers: no per-step statistics (step_log)")
+        stat_loggers = None
+    return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers) if stat_loggers else \
+        AsyncLLM.from_engine_args(args)
 
 
 def _shutdown(engine: AsyncLLM | None, loop: _LoopThread, directory: Path) -> None:
