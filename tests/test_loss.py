@@ -241,6 +241,7 @@ def test_gradient_checkpointing_recomputes_layers_and_gives_the_same_gradient(lo
     the one computed without it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from replrl.config import ModelConfig
     from replrl.policy import _with_lora, enable_gradient_checkpointing
 
     if lora:
@@ -250,7 +251,7 @@ def test_gradient_checkpointing_recomputes_layers_and_gives_the_same_gradient(lo
         torch.manual_seed(0)
         model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-        return _with_lora(model, 4) if lora else model
+        return _with_lora(model, ModelConfig(lora_rank=4)) if lora else model
 
     input_ids, attention_mask, loss_mask = tiny_batch()
     adv = torch.tensor([[1.0] * 9, [-0.5] * 9])

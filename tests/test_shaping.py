@@ -113,7 +113,8 @@ def test_score_line_uses_the_weight_of_the_step():
     ({"syntax_error": -0.3}, {"syntax_error": "right"}, "rewards.gates.syntax_error must be one of"),
     ({"correct": 1.0}, {"correct": "wrong"}, "gates apply to line terms"),
     ({"correct": {"value": 1.0, "gate": "wrong"}}, {}, "gates apply to line terms"),
-    ({"syntax_error": -0.3}, {"exception": "wrong"}, "rewards.gates.exception: no such term"),
+    # a weights table merges with the defaults (issue 49): a gate on a term weighted nowhere is the error
+    ({"syntax_error": -0.3}, {"late_line": "wrong"}, "rewards.gates.late_line: no such term"),
     ({"syntax_error": {"value": -0.3, "gate": "wrong"}}, {"syntax_error": "correct"}, "says gate 'wrong'"),
     ({"late_line": 1.0, "replrl.rewards:late_line": 1.0}, {}, "would be logged as 'late_line', like another"),
 ])

@@ -23,6 +23,7 @@ from replrl.backends.sampling import (
     token_masks,
 )
 from replrl.backends.vllm_check import VLLMInstallError
+from replrl.config import VLLM_OWNED_ARGS, check_vllm_table
 
 log = logging.getLogger(__name__)
 
@@ -78,41 +79,9 @@ def close_generator(generator: Any) -> None:
         close()
 
 
-__all__ = ["BACKENDS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class", "close_generator",
-           "eos_ids", "line_end_ids", "line_starts", "load_generator", "newline_banned_mask", "sampling_logprobs",
-           "token_masks"]
-
-
-VLLM_OWNED_ARGS: dict[str, str] = {
-    "model": "replrl writes the policy's config to a directory of its own and copies the weights in",
-    "tokenizer": "the policy's tokenizer is saved beside its config",
-    "load_format": "the engine starts with dummy weights; the trainer's are copied in",
-    "logprobs_mode": "the sampled distribution's log-probs are the importance ratio's denominator",
-    "max_logprobs": "only the sampled token's log-prob is returned",
-    "logits_processors": "the line rule (no newline inside a line) is a logits processor",
-    "worker_extension_cls": "the weight sync is a worker extension",
-    "gpu_memory_utilization": "set model.gpu_memory_utilization",
-    "enable_sleep_mode": "set model.vllm_sleep",
-}
-"""vLLM engine arguments a [model.vllm] table may not set, and why (what replrl's backend depends on)."""
-
-
-def check_vllm_table(table: Any, known: set[str] | None = None) -> None:
-    """Raise ConfigError (one line) for a [model.vllm] table that is not a table, sets an argument
-    replrl owns, or (when ``known``, vLLM's AsyncEngineArgs field names, is given) names an argument vLLM lacks."""
-    import difflib
-
-    from replrl.configlib import ConfigError
-
-    if not isinstance(table, dict):
-        raise ConfigError(f"model.vllm must be a table of vLLM engine arguments; got {table!r}")
-    for key in table:
-        if key in VLLM_OWNED_ARGS:
-            raise ConfigError(f"model.vllm.{key} cannot be set: {VLLM_OWNED_ARGS[key]}")
-        if known is not None and key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"model.vllm.{key} is not an argument of the installed vLLM's engine{hint}")
+__all__ = ["BACKENDS", "VLLM_OWNED_ARGS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class",
+           "check_vllm_table", "close_generator", "eos_ids", "line_end_ids", "line_starts", "load_generator",
+           "newline_banned_mask", "sampling_logprobs", "token_masks", "vllm_engine_args"]
 
 
 def vllm_engine_args(cfg: Any, known: set[str] | None = None) -> dict[str, Any]:
