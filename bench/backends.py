@@ -28,7 +28,9 @@ the row sees it: the sandbox's round trip and the event loop's turn), with ``*_l
 
 Instruments (issue 48: where the loop's time goes), each priced side by side in the same run:
 
-- ``--refill idle eager``: the kernel pool's refill modes, each timing the same REPL rollouts from a full pool
+- ``--refill idle eager [before]``: the kernel pool's modes (idle: forked between rollouts; eager: forked behind
+  each kernel taken; before: each kernel boots its own Python behind each one taken, replrl before issue 48), each
+  timing the same REPL rollouts from a full pool
   (``*_repl_s_refill_eager``, ``vllm_repl_vs_same_tokens_ratio_refill_eager``), with the kernels that booted during
   the rollout (``*_boots_in_rollout``) and the CPU seconds of each process group over the rollout (``*_cpu_host_s``:
   this process, the host loop and, for HF, the model; ``*_cpu_kernels_s``: the sandboxed kernels, boots included;
@@ -192,6 +194,10 @@ async def idle_exec_ms(pool: KernelPool, lines: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
+REFILL_MODES = {"idle": ("idle", True), "eager": ("eager", True), "before": ("eager", False)}
+"""--refill mode -> (the pool's refill, whether its kernels come from the fork server)."""
+
+
 def steps_so_far(gen: Any) -> int:
     """How many engine steps vLLM's step log holds (0 for HF)."""
     log = getattr(gen, "step_log", None)
@@ -233,9 +239,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the model's (bfloat16 on a GPU, as users run it; vLLM then uses FlashAttention)")
     ap.add_argument("--no-hf", action="store_true", help="vLLM only (no HF rollouts: GPU A/B runs of engine settings)")
-    ap.add_argument("--refill", nargs="+", default=["idle", "eager"], choices=["idle", "eager"],
-                    help="the kernel pool's refill modes to time side by side (the first gives the main figures; "
-                         "eager: a kernel boots behind each one taken, as before issue 48)")
+    ap.add_argument("--refill", nargs="+", default=["idle", "eager"], choices=list(REFILL_MODES),
+                    help="the kernel pool's modes to time side by side (the first gives the main figures): idle "
+                         "(kernels forked between rollouts, the default), eager (forked behind each one taken), "
+                         "before (each kernel boots its own Python behind each one taken: replrl before issue 48; "
+                         "a second pool)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
                     help="a vLLM engine argument, VALUE as JSON where it parses (repeatable)")
     args = ap.parse_args()
@@ -259,7 +267,10 @@ def main() -> None:
     banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0]).anywhere.nonzero()
     banned = banned.squeeze(1).tolist()
     per_batch: dict[int, dict[str, Any]] = {}
-    pool = run_sync(KernelPool(size=max(args.batches), limits=Limits(wall_s=2.0), tools=["submit"]).start())
+    pools = {fork: run_sync(KernelPool(size=max(args.batches), limits=Limits(wall_s=2.0, fork_server=fork),
+                                       tools=["submit"]).start())
+             for fork in {REFILL_MODES[m][1] for m in args.refill}}
+    pool = pools[REFILL_MODES[args.refill[0]][1]]
     try:
         idle_ms = run_sync(idle_exec_ms(pool))
         print(f"a line's kernel round trip with nothing else running: {idle_ms:.1f} ms (median)")
@@ -271,11 +282,12 @@ def main() -> None:
                 # untimed warm-up at this batch size: a GPU engine's first steps of a shape compile or tune kernels
                 run_sync(repl_rollouts(gen, pool, prompts, min(args.tokens, 16), sampling))
                 for mode in reversed(args.refill):  # the first mode's run last: its figures are the main ones
-                    pool.refill = mode
-                    run_sync(pool.wait_full(600))  # every timed run starts from a full pool (the trainer's update
-                    cold(gen)                      # gives the refill its time between rollouts)
+                    mode_pool = pools[REFILL_MODES[mode][1]]
+                    mode_pool.refill = REFILL_MODES[mode][0]
+                    run_sync(mode_pool.wait_full(600))  # every timed run starts from a full pool (the trainer's
+                    cold(gen)                           # update gives the refill its time between rollouts)
                     since = steps_so_far(gen)
-                    run = run_sync(repl_rollouts(gen, pool, prompts, args.tokens, sampling))
+                    run = run_sync(repl_rollouts(gen, mode_pool, prompts, args.tokens, sampling))
                     run["steps"] = steps_since(gen, since)
                     if mode != args.refill[0]:  # the other mode: its wall, CPU and ratio beside the main figures
                         same = (vllm_plain(gen, [p + e for p, e in zip(prompts, run["env_ids"], strict=True)],
@@ -379,7 +391,8 @@ def main() -> None:
                       f"; pool refill {m}: {fig[f'vllm_repl_vs_same_tokens_ratio_refill_{m}']:.2f}x"
                       for m in args.refill[1:]))
     finally:
-        run_sync(pool.close())
+        for p in pools.values():
+            run_sync(p.close())
     for gen in gens.values():
         getattr(gen, "close", lambda: None)()
     first = per_batch[args.batches[0]]
