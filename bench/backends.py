@@ -284,8 +284,9 @@ def main() -> None:
                 for mode in reversed(args.refill):  # the first mode's run last: its figures are the main ones
                     mode_pool = pools[REFILL_MODES[mode][1]]
                     mode_pool.refill = REFILL_MODES[mode][0]
-                    run_sync(mode_pool.wait_full(600))  # every timed run starts from a full pool (the trainer's
-                    cold(gen)                           # update gives the refill its time between rollouts)
+                    for p in pools.values():  # every timed run starts from full pools, none booting (the
+                        run_sync(p.wait_full(600))  # trainer's update gives the refill its time between rollouts)
+                    cold(gen)
                     since = steps_so_far(gen)
                     run = run_sync(repl_rollouts(gen, mode_pool, prompts, args.tokens, sampling))
                     run["steps"] = steps_since(gen, since)
