@@ -40,7 +40,12 @@ PROBE = textwrap.dedent("""
         'root_uid': os.getuid() == 0, 'ifaces': socket.if_nameindex(), 'env': sorted(os.environ),
         'path': sys.path, 'argv': sys.argv, 'hash': hash('replrl'), 'hostname': os.uname().nodename,
         'proc1_uid': os.stat('/proc/1').st_uid, 'kdir_listing': sorted(os.listdir(kdir)),
-        'fds': sorted(os.listdir('/proc/self/fd')),
+        # open files by what they are (how many sockets and event fds ipykernel holds depends on its threads'
+        # timing): no host file may be open in either
+        # (the kernel's log, opened by its host, is named by the host's path to it: its directory's name differs)
+        'fds': sorted({(lambda t: os.path.basename(t) if 'replrl-kernel-' in t else t if t.startswith('/')
+                        else t.split(':')[0])(os.readlink('/proc/self/fd/' + f))
+                       for f in os.listdir('/proc/self/fd') if os.path.exists('/proc/self/fd/' + f)}),
     }))
 """)
 
