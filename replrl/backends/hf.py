@@ -180,9 +180,8 @@ class HFSession:
             g.manual_seed(row_seed(self.sampling.seed, key, restart))
         return g
 
-    def _idle_row(self, i: int, pending: str) -> _Row:
-        """Row ``i`` of a live session, neither finished nor waiting for a line (else the error, ``pending`` saying
-        what a waiting row means to the caller)."""
+    def _live_row(self, i: int) -> _Row:
+        """Row ``i`` of a live session, not finished (else the error)."""
         if self._error is not None:
             raise RuntimeError(f"generation failed: {self._error!r}") from self._error
         if self._closed:
@@ -190,6 +189,12 @@ class HFSession:
         row = self._rows[i]
         if row.finished:
             raise ValueError(f"row {i} is finished")
+        return row
+
+    def _idle_row(self, i: int, pending: str) -> _Row:
+        """Row ``i`` of a live session, neither finished nor waiting for a line (else the error, ``pending`` saying
+        what a waiting row means to the caller)."""
+        row = self._live_row(i)
         if row.future is not None:
             raise RuntimeError(f"row {i} {pending}")
         return row
@@ -235,13 +240,7 @@ class HFSession:
         cancelled (a token the running step samples for it is dropped), and its cache keeps at most its first
         ``length - 1`` tokens (cut on the worker thread before the next step; the columns after are written over
         later), the token at ``length - 1`` waiting to be fed with the next line's input."""
-        if self._error is not None:
-            raise RuntimeError(f"generation failed: {self._error!r}") from self._error
-        if self._closed:
-            raise RuntimeError("session is closed")
-        row = self._rows[i]
-        if row.finished:
-            raise ValueError(f"row {i} is finished")
+        row = self._live_row(i)
         if not 1 <= length <= len(row.ids):
             raise ValueError(f"row {i} holds {len(row.ids)} context tokens: cannot keep {length}")
         future, row.future = row.future, None
