@@ -398,6 +398,31 @@ def test_real_smollm2_token_exact():
         real.close()
 
 
+def test_a_runs_saved_model_loads_in_vllm_as_it_is(tok, tmp_path):
+    """RUN/model (``checkpoint.save_model``: what a run ends with and ``replrl export`` writes) is a directory vLLM
+    serves as it is, its own weights read from disk (not synced from the trainer): greedy tokens are the HF model's."""
+    from vllm import LLM
+    from vllm import SamplingParams as VLLMSampling
+
+    from replrl.checkpoint import save_model
+
+    model = tiny_model(tok, seed=5, head_dim=64).eval()
+    out = save_model(tmp_path / "model", model, tok, step=3)
+    prompt = ids_of(tok, "x = 12 * 7\n>>>")
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8,
+                                  pad_token_id=0)[0, len(prompt):].tolist()
+    cpu = {} if torch.cuda.is_available() else {"block_size": 32, "enforce_eager": True}  # no compile: a minute less
+    llm = LLM(model=str(out), dtype="float32", max_model_len=256, kv_cache_memory_bytes=2**29, seed=0,
+              **(EAGER or {}), **cpu)
+    try:
+        (done,) = llm.generate([{"prompt_token_ids": prompt}],
+                               VLLMSampling(temperature=0.0, max_tokens=8, min_tokens=8, ignore_eos=True))
+        assert list(done.outputs[0].token_ids) == expected
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def assert_engine_samples_from(gen, tok, model) -> None:
     """One probe line from the engine: its log-probs are ``model``'s (on the CPU) as the trainer computes them."""
     gen.logit_bias = {one_id(tok, "\n"): 6.0}
