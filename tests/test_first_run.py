@@ -82,3 +82,18 @@ def test_replrl_env_names_the_git_commit_of_a_checkout():
     if not head:
         pytest.skip("not a git checkout")
     assert f"(git {head}" in out.splitlines()[0], out
+
+
+def test_held_out_results_reach_the_console_as_plain_lines():
+    """The terminal shows held-out accuracy as it comes (the ``replrl.console`` logger) without a log prefix; other
+    records keep their level and logger."""
+    import logging
+
+    from replrl.cli import _ConsoleFormatter
+
+    fmt = _ConsoleFormatter("%(levelname)s %(name)s: %(message)s")
+    record = lambda name, level, msg: logging.LogRecord(name, level, __file__, 1, msg, (), None)  # noqa: E731
+    assert fmt.format(record("replrl.console", logging.INFO, "eval at step 2: accuracy 0.500")) == \
+        "eval at step 2: accuracy 0.500"
+    assert fmt.format(record("replrl.console", logging.WARNING, "x")) == "WARNING replrl.console: x"
+    assert fmt.format(record("replrl.trainer", logging.INFO, "y")) == "INFO replrl.trainer: y"

@@ -39,11 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _ConsoleFormatter(logging.Formatter):
+    """Results meant for the reader (the ``replrl.console`` logger's INFO lines: held-out accuracy as it comes) as
+    plain lines; every other record with its level and logger. (``--no-progress`` swaps in a formatter that stamps
+    every line with its time and logger, for log files.)"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name == "replrl.console" and record.levelno == logging.INFO:
+            return record.getMessage()
+        return super().format(record)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_ConsoleFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
