@@ -107,6 +107,12 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text of ``ids`` as sampled: no clean-up of spaces before punctuation (``x ...`` stays ``x ...``; SmolLM2's
+    GGUF tokenizer asks for the clean-up under transformers 4.x)."""
+    return tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
+
 @dataclass
 class Episode:
     """An episode in progress: its trajectory so far and what the loop needs to go on (``play``). A tree rollout
@@ -200,7 +206,7 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewar
     ep.gen_s += time.perf_counter() - t0
     start = len(traj.token_ids)
     _append(traj, sample)
-    text = tokenizer.decode(sample.token_ids)
+    text = decode(tokenizer, sample.token_ids)
     span = (start, len(traj.token_ids))
     state, state_values = session.start_state()
     if sample.finish == "length":  # cut by the token limit: it never runs
@@ -210,7 +216,7 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewar
         traj.end_reason = "overlong_line"
         return None
     at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
-    code = code_of(text[:-len(tokenizer.decode(sample.token_ids[-1:]))] if at_eof else text[:-1])
+    code = code_of(text[:-len(decode(tokenizer, sample.token_ids[-1:]))] if at_eof else text[:-1])
     if speculate and not at_eof:
         spec = await _speculate(gen, i, ep, tokenizer, sampling, rules, code)
     t0 = time.perf_counter()
@@ -307,7 +313,7 @@ def finish_episode(ep: Episode, task: Task, row: dict, rewards: RewardModel, tok
         traj.answer = ep.submitted[0]
         traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
     rewards.finish(traj, bool(ep.submitted))  # end-of-episode terms, gates, the outcome terms
-    traj.text = tokenizer.decode(traj.token_ids)
+    traj.text = decode(tokenizer, traj.token_ids)
     traj.timing.update(generation_wait_s=ep.gen_s, execution_s=ep.exec_s)
     if ep.speculated:
         traj.timing.update(speculated_lines=ep.speculated, speculation_hits=ep.speculation_hits)
@@ -350,7 +356,7 @@ def env_token_ids(tokenizer: Any, output: str, next_prompt: str, max_output_toke
     ids = encode(tokenizer, output + next_prompt)
     if len(ids) <= max_output_tokens:
         return ids
-    kept = tokenizer.decode(encode(tokenizer, output)[:max_output_tokens]).rstrip("\ufffd")
+    kept = decode(tokenizer, encode(tokenizer, output)[:max_output_tokens]).rstrip("\ufffd")
     return encode(tokenizer, kept + ("" if kept.endswith("\n") else "\n") + TRUNCATED_MARKER + next_prompt)
 
 

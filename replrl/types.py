@@ -92,7 +92,7 @@ class Trajectory:
     """Sampler log-probs aligned with token_ids (0.0 where loss_mask is 0)."""
     prompt_len: int
     text: str
-    """== tokenizer.decode(token_ids)."""
+    """== tokenizer.decode(token_ids, clean_up_tokenization_spaces=False) (``rollout.decode``)."""
     lines: list[Line] = field(default_factory=list)
     answer: Any = None
     """The value passed to submit(), JSON-friendly, or None."""

@@ -63,10 +63,14 @@ def test_ddp_update_over_two_processes_equals_one_process_over_the_whole_batch(f
         assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
     for ga, gb in zip(a["grads"], b["grads"], strict=True):
         torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+    # AdamW divides each step by the gradient's running RMS, which magnifies the two reductions' rounding where a
+    # gradient is small: under torch 2.4 one weight of 8192 ends 6e-6 apart (gradients within the tolerance above)
     for pa, pb in zip(a["params"], b["params"], strict=True):
-        torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(torch.__version__ < "2.6", reason="torch < 2.6: accelerate stops an FSDP config on a CPU itself "
+                    "(FSDP2 needs torch 2.6, FSDP1 a GPU), before replrl's check")
 def test_fsdp_is_refused_in_one_line_at_start(tmp_path):
     """An accelerate config asking for FSDP is refused before any work, not bypassed (nor DeepSpeed, Megatron...).
     On a machine without GPUs accelerate itself turns it into DDP over CPU processes without a word: replrl reads

@@ -23,7 +23,7 @@ from replrl.config import RewardConfig
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import TRUNCATED_MARKER, ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, build_prompt, encode, env_token_ids, line_text, rollout
+from replrl.rollout import EpisodeRules, build_prompt, decode, encode, env_token_ids, line_text, rollout
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, run_sync
 from tests.helpers_models import GSM8K_DIR, GSM8K_FULL_DIR
@@ -344,7 +344,7 @@ def test_printed_text_never_changes_the_record(episodes, name, answer, correct, 
     assert all(ln.status == "ok" and ln.error_name is None for ln in executed)
     sampled = {i for ln in t.lines for i in range(*ln.token_span)}
     assert {i for i, m in enumerate(t.loss_mask) if m} == sampled  # loss on the model's tokens only
-    assert tokenizer.decode(t.token_ids) == t.text
+    assert decode(tokenizer, t.token_ids) == t.text
     printed = sum(o.count(TRUNCATED_MARKER) for o in OUTPUTS[name])
     assert t.text.count(TRUNCATED_MARKER) == printed  # the code's own marker; the environment truncated nothing
     assert "3486784401" not in t.text.split("submit(s.count")[0]  # the prompt and header hold only the question

@@ -20,7 +20,7 @@ from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import PS1, PS2, TRUNCATED_MARKER, ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, RolloutStats, build_prompt, line_text, line_timing, rollout, summarize
+from replrl.rollout import EpisodeRules, RolloutStats, build_prompt, decode, line_text, line_timing, rollout, summarize
 from replrl.tree import TreeShape
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, empty_state, run_sync
@@ -128,15 +128,15 @@ def named_episodes(request) -> list[tuple[str, Trajectory]]:
 def test_token_exact_splicing_and_masks(scripted, named_episodes):
     _, tokenizer = scripted
     for name, t in named_episodes:
-        assert tokenizer.decode(t.token_ids) == t.text, name
+        assert decode(tokenizer, t.token_ids) == t.text, name
         prompt = build_prompt(tokenizer, f"Run script {name}.", chat_template=False)
-        assert tokenizer.decode(t.token_ids[:t.prompt_len]) == prompt
+        assert decode(tokenizer, t.token_ids[:t.prompt_len]) == prompt
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         sampled = {i for line in t.lines for i in range(*line.token_span)}
         assert {i for i, m in enumerate(t.loss_mask) if m} == sampled, name  # loss on sampled tokens, nowhere else
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if not m)
         for line in t.lines:
-            text = tokenizer.decode(t.token_ids[slice(*line.token_span)])
+            text = decode(tokenizer, t.token_ids[slice(*line.token_span)])
             if line is not t.lines[-1] or t.end_reason not in ("eos", "overlong_line"):
                 assert text == line_text(line.code), (name, text)  # " " (healed prompt) + code + "\n"
                 assert "\n" not in text[:-1]
@@ -144,7 +144,7 @@ def test_token_exact_splicing_and_masks(scripted, named_episodes):
             assert t.token_ids[-1] == tokenizer.eos_token_id and t.loss_mask[-1] == 1, name
             last = t.lines[-1]
             typed = line_text(last.code)[:-1] if last.code else ""  # a bare EOS carries no prompt space
-            assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
+            assert decode(tokenizer, t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
 
 
 def test_sampler_logprobs_equal_a_plain_forward_pass(scripted, named_episodes):
@@ -205,12 +205,12 @@ def test_end_of_input_runs_the_last_line_as_python_i_does(eof_episodes):
     assert bare.lines[-1].code == "" and bare.lines[-1].status == "incomplete" and not bare.submitted
     assert summarize(list(eof_episodes.values()))["eof_line_ran"] == pytest.approx(2 / 3)
     for name, t in eof_episodes.items():  # the end-of-turn token is sampled (loss on) and nothing follows it
-        assert tokenizer.decode(t.token_ids) == t.text
+        assert decode(tokenizer, t.token_ids) == t.text
         assert t.token_ids[-1] == tokenizer.eos_token_id and t.loss_mask[-1] == 1, name
         last = t.lines[-1]
         assert last.token_span[1] == len(t.token_ids)
         typed = line_text(last.code)[:-1] if last.code else ""  # a bare EOS carries no prompt space
-        assert tokenizer.decode(t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
+        assert decode(tokenizer, t.token_ids[slice(*last.token_span)]) == typed + tokenizer.eos_token, name
 
 
 def test_lines_record_the_state_they_start_from(episodes):
@@ -320,12 +320,12 @@ def test_real_pretrained_model_on_gsm8k(pool):
     executed = [ln for t in trajs for ln in t.lines if ln.status != "incomplete"]
     assert executed, "the real model never completed a line"
     for t in trajs:
-        assert gen.tokenizer.decode(t.token_ids) == t.text
+        assert decode(gen.tokenizer, t.token_ids) == t.text
         assert t.end_reason in ("submit", "eos", "max_lines", "max_tokens", "crash", "timeout", "repeat",
                                 "overlong_line")
         for line in t.lines:
             if line.status != "incomplete" and (line is not t.lines[-1] or t.end_reason != "eos"):
-                assert gen.tokenizer.decode(t.token_ids[slice(*line.token_span)]) == line_text(line.code)
+                assert decode(gen.tokenizer, t.token_ids[slice(*line.token_span)]) == line_text(line.code)
                 if line is not t.lines[-1]:  # the episode's last line ends it: its output is not spliced
                     assert line.output in t.text or (TRUNCATED_MARKER in t.text and line.output[:12] in t.text)
 

@@ -20,7 +20,7 @@ from replrl.backends.hf import HFGenerator
 from replrl.config import RewardConfig
 from replrl.models import load_tokenizer, tiny_model
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, build_prompt, encode, line_text, rollout
+from replrl.rollout import EpisodeRules, build_prompt, decode, encode, line_text, rollout
 from replrl.tasks.base import Task, TaskError, TaskWithSetup, setup_source
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits, empty_state, run_sync
@@ -105,7 +105,7 @@ def test_setup_runs_before_the_first_line_outside_the_transcript(taught):
     for t, row in zip(trajs, task.rows("test")):
         assert [ln.code for ln in t.lines] == [LINE], t.text  # the taught line, read from the kernel's data
         assert t.lines[0].status == "ok" and t.correct, t.text  # `stock` was there: setup ran before line 1
-        assert tokenizer.decode(t.token_ids) == t.text  # token-exact, nothing spliced for the setup
+        assert decode(tokenizer, t.token_ids) == t.text  # token-exact, nothing spliced for the setup
         assert "SETUP-PRINTED" not in t.text and "stock =" not in t.text and "sleep" not in t.text
         assert str(row["stock"]) not in t.text
         assert t.timing["setup_s"] >= 0.3  # logged ...

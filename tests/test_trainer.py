@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,8 @@ def test_resume_continues_at_the_next_step(format_model_dir, tmp_path):
     starts = read_environments(run)
     assert [e["step"] for e in starts] == [0, 2]
     for start in starts:
-        assert start["packages"]["torch"] == torch.__version__ and start["packages"]["transformers"] == \
+        # distributions' versions (PyPI's CUDA torch 2.4.0 is "2.4.0+cu121" in torch.__version__ only)
+        assert start["packages"]["torch"] == version("torch") and start["packages"]["transformers"] == \
             transformers.__version__
         assert start["backend"] == "hf" and start["device"] == "cpu" and start["processes"] == 1
         assert start["commit"] is None or len(start["commit"].removesuffix("+dirty")) == 40

@@ -23,7 +23,7 @@ from replrl.configlib import ConfigError, resolve
 from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, rollout, summarize
+from replrl.rollout import EpisodeRules, decode, rollout, summarize
 from replrl.tree import TreeShape, branch_line, children_per_node
 from replrl.types import Line, SamplingParams, Trajectory
 from sandbox import run_sync
@@ -126,7 +126,7 @@ def assert_token_exact(branch_model, leaves: list[Trajectory]) -> None:
     model, tokenizer = branch_model
     banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0])
     for t in leaves:
-        assert tokenizer.decode(t.token_ids) == t.text
+        assert decode(tokenizer, t.token_ids) == t.text
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         sampled = {i for line in t.lines for i in range(*line.token_span)}
         assert {i for i, m in enumerate(t.loss_mask) if m} == sampled

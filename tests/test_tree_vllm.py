@@ -26,7 +26,7 @@ from replrl.config import RewardConfig  # noqa: E402
 from replrl.loss import token_logprobs  # noqa: E402
 from replrl.models import load_tokenizer, tiny_model  # noqa: E402
 from replrl.rewards import RewardModel  # noqa: E402
-from replrl.rollout import EpisodeRules, build_prompt, line_text, rollout, summarize  # noqa: E402
+from replrl.rollout import EpisodeRules, build_prompt, decode, line_text, rollout, summarize  # noqa: E402
 from replrl.tree import TreeShape  # noqa: E402
 from replrl.types import SamplingParams, Trajectory  # noqa: E402
 from sandbox import KernelPool, Limits, run_sync  # noqa: E402
@@ -128,15 +128,15 @@ def test_the_engine_caches_prefixes(engine):
 def test_token_exact_splicing_and_masks(scripted, named_episodes):
     _, tokenizer = scripted
     for name, t in named_episodes:
-        assert tokenizer.decode(t.token_ids) == t.text, name
+        assert decode(tokenizer, t.token_ids) == t.text, name
         prompt = build_prompt(tokenizer, f"Run script {name}.", chat_template=False)
-        assert tokenizer.decode(t.token_ids[:t.prompt_len]) == prompt
+        assert decode(tokenizer, t.token_ids[:t.prompt_len]) == prompt
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         sampled = {i for line in t.lines for i in range(*line.token_span)}
         assert {i for i, m in enumerate(t.loss_mask) if m} == sampled, name  # loss on sampled tokens, nowhere else
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if not m)
         for line in t.lines:
-            text = tokenizer.decode(t.token_ids[slice(*line.token_span)])
+            text = decode(tokenizer, t.token_ids[slice(*line.token_span)])
             assert text == line_text(line.code), (name, text)  # " " (healed prompt) + code + "\n"
         assert [ln.code for ln in t.lines] == TASK.scripts[name][:len(t.lines)], name  # the memorised script
 
