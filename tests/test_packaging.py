@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_license_file_matches_the_metadata():
     meta = load_file(REPO / "pyproject.toml")["project"]
-    assert meta["license"] == {"text": "MIT"}
+    assert meta["license"] == "MIT" and meta["license-files"] == ["LICENSE"]  # an SPDX expression (PEP 639)
     assert (REPO / "LICENSE").read_text().startswith("MIT License\n")
 
 
