@@ -43,7 +43,6 @@ def check_vllm_table(table: Any, known: set[str] | None = None) -> None:
             raise ConfigError(f"model.vllm.{key} is not an argument of the installed vLLM's engine{hint}")
 
 
-
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m-instruct"
