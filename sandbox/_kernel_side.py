@@ -48,8 +48,86 @@ def _drop_privileges(uid, gid):
         raise SystemExit("sandbox: failed to drop privileges")
 
 
-if _CFG.get("uid") is not None and os.getuid() == 0 and not globals().get("_ZYGOTE"):
-    _drop_privileges(_CFG["uid"], _CFG["gid"])
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 16384, 1 << 18
+
+
+def _mount(source, target, fstype, flags, data=None):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def enc(text):
+        return None if text is None else text.encode()
+
+    if libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _confine(cfg):
+    """What the kernel program does with its privileges before it drops them, before any model-written line:
+    join the kernel's memory cgroup through the descriptor its host opened (``sandbox/budget.py``), and make its
+    working directory a tmpfs of its own mount namespace, bounded in bytes and inodes (nothing the kernel writes
+    reaches the host's disk, and its total is the kernel's limit). Each step the host asked for must succeed, or
+    the kernel does not start."""
+    fd = cfg.get("cgroup_fd")
+    if fd is not None:
+        try:
+            os.write(fd, b"0")
+        except OSError as err:
+            raise SystemExit(f"sandbox: could not join the kernel's cgroup: {err}") from None
+        finally:
+            os.close(fd)
+    work = cfg.get("work_tmpfs")
+    if work is not None:
+        here = os.getcwd()
+        owner = f",uid={cfg['uid']},gid={cfg['gid']}" if cfg.get("uid") is not None else ""
+        try:
+            _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here is seen outside
+            _mount("tmpfs", here, "tmpfs", _MS_NOSUID | _MS_NODEV,
+                   f"size={work['bytes']},nr_inodes={work['inodes']},mode=0700{owner}")
+        except OSError as err:
+            raise SystemExit(f"sandbox: could not give the kernel its working directory: {err}") from None
+        os.chdir(here)
+
+
+def _install_seccomp():
+    """A seccomp filter, made by libseccomp (its Python binding), that every process of the kernel inherits and
+    none can remove: the kernel keyring calls (a channel between kernels, and state a uid would carry to a later
+    kernel) and new user namespaces (uid 0 of a namespace of its own) fail with EPERM; ``clone3``, whose flags a
+    filter cannot read, says ENOSYS, so the C library falls back to ``clone``, whose flags it can."""
+    import errno
+
+    try:
+        import seccomp
+    except ImportError:
+        import pyseccomp as seccomp
+
+    newuser = 0x10000000  # CLONE_NEWUSER
+    rules = seccomp.SyscallFilter(seccomp.ALLOW)
+    for name in ("add_key", "request_key", "keyctl"):
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    for name in ("unshare", "clone"):  # flags are the first argument of both (x86-64, arm64)
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), name, seccomp.Arg(0, seccomp.MASKED_EQ, newuser, newuser))
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    rules.load()
+
+
+def _before_serving(cfg):
+    """Confine, drop to the kernel's uid, install the filter: in this order, for booted and forked kernels alike."""
+    if os.getuid() == 0 or cfg.get("work_tmpfs") is not None or cfg.get("cgroup_fd") is not None:
+        _confine(cfg)
+    if cfg.get("uid") is not None and os.getuid() == 0:
+        _drop_privileges(cfg["uid"], cfg["gid"])
+    if cfg.get("seccomp"):
+        try:
+            _install_seccomp()
+        except Exception as err:
+            raise SystemExit(f"sandbox: could not install the seccomp filter: {type(err).__name__}: {err}") from None
+
+
+if not globals().get("_ZYGOTE"):
+    _before_serving(_CFG)
 
 import __future__  # noqa: E402
 
@@ -457,8 +535,7 @@ def kernel_main(cfg, conn_file):
     """A kernel forked from the fork server: take this kernel's configuration, drop to its uid, run."""
     _CFG.clear()
     _CFG.update(cfg)
-    if _CFG.get("uid") is not None and os.getuid() == 0:
-        _drop_privileges(_CFG["uid"], _CFG["gid"])
+    _before_serving(_CFG)
     main(["-f", conn_file])
 
 

@@ -5,14 +5,19 @@ Never imported by the host: ``sandbox.zygote`` runs ``_kernel_side.py`` + this f
 bwrap's capabilities, and with ``_ZYGOTE = True`` so the kernel program only defines and imports. The zygote makes
 no zmq context and no thread; the kernels make theirs after the fork.
 
-Per request (JSON + two fds on the control socket: a reply socket and the kernel's log) it forks:
+Per request (the fds only, on the control socket: a reply socket, the kernel's log, and the kernel's cgroup when
+it has one) it forks, before it reads anything of the kernel's: the request itself (the kernel's directory, uid,
+environment) travels on the reply socket to A, never through the zygote's memory, so no later fork inherits an
+earlier kernel's request.
 
-    A  unshares mount, pid, ipc, uts, cgroup (and network, unless the network is allowed) namespaces, forks B,
-       sends B's pidfd to the host over the reply socket, waits for B, exits. A dies with the zygote.
+    A  reads the request, unshares mount, pid, ipc, uts, cgroup (and network, unless the network is allowed)
+       namespaces, forks B, sends B's pidfd to the host over the reply socket, waits for B, exits. A dies with the
+       zygote.
     B  pid 1 of the new pid namespace, root, as bwrap's own init is: makes every mount private, hides every other
-       kernel's directory (a read-only tmpfs over the temp directory, holding only this kernel's directory, bound
-       from an fd), mounts a /proc of the new pid namespace, brings up loopback, forks C, then reaps until C exits
-       (which ends the namespace: the kernel kills every process left in it). B dies with A.
+       kernel's directory (a read-only tmpfs over the temp directory, holding only this kernel's directory and the
+       interpreter's directories that live there, each bound from an fd), mounts a /proc of the new pid namespace
+       and a devpts instance of its own (no kernel sees another's terminals), brings up loopback, forks C, then
+       reaps until C exits (which ends the namespace: the kernel kills every process left in it). B dies with A.
     C  pid 2: the kernel. Its log on stdout/stderr, nothing else open, the kernel's environment, its working
        directory; then ``kernel_main`` drops to the kernel's uid, applies its rlimits and serves.
 """
@@ -71,12 +76,19 @@ def _loopback_up():
 
 def _hide_other_kernels(req):
     """This kernel's directory, alone, at its path in the view: a read-only tmpfs over the temp directory (which
-    in the zygote's view holds the directory of all of this zygote's kernels) and this kernel's directory bound
-    onto it from an fd opened before the tmpfs covered it."""
+    in the zygote's view holds the directory of all of this zygote's kernels) with this kernel's directory, and the
+    interpreter's own directories under the temp directory (a virtualenv in /tmp), bound onto it from fds opened
+    before the tmpfs covered them: what a kernel that boots on its own sees there."""
     fd = os.open(req["kdir"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     shared = os.open(os.path.dirname(req["kdir"]), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     tmp, view = req["tmp"], req["view_kdir"]
-    _mount("tmpfs", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k,nr_inodes=16")
+    keep = [(path, os.open(path, os.O_PATH)) for path in req.get("keep", ()) if os.path.exists(path)]
+    _mount("tmpfs", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k,nr_inodes=256")
+    for path, kept in keep:
+        _mkdirs(path, is_dir=os.path.isdir(f"/proc/self/fd/{kept}"))
+        _mount(f"/proc/self/fd/{kept}", path, None, _MS_BIND | _MS_REC)
+        _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        os.close(kept)
     os.mkdir(view, 0o755)
     _mount(f"/proc/self/fd/{fd}", view, None, _MS_BIND)
     _mount(None, view, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV)
@@ -85,6 +97,23 @@ def _hide_other_kernels(req):
     _check(_LIBC.umount2(f"/proc/self/fd/{shared}".encode(), _MNT_DETACH), "umount the kernels' directory")
     os.close(fd)
     os.close(shared)
+
+
+def _mkdirs(path, is_dir):
+    """A mount point at ``path`` on the fresh tmpfs: its parents as 0755 directories, itself a directory or a file."""
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, 0o755, exist_ok=True)
+    if is_dir:
+        os.makedirs(path, 0o755, exist_ok=True)
+    elif not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def _own_devpts():
+    """A devpts instance of this kernel's own at /dev/pts (bwrap's --dev made /dev/ptmx a link into it): terminals
+    another kernel opens are not there, nor are their owners' uids."""
+    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
 
 
 def _fresh_proc():
@@ -100,13 +129,16 @@ def _fresh_proc():
             pass
 
 
-def _kernel_c(req, log_fd):
+def _kernel_c(req, log_fd, cgroup_fd):
     """pid 2 of the namespace: becomes the kernel."""
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    _close_fds_except(())
+    cfg = dict(req["cfg"])
+    if cgroup_fd is not None:
+        cfg["cgroup_fd"] = os.dup2(cgroup_fd, 3, inheritable=False)
+    _close_fds_except((3,) if cgroup_fd is not None else ())
     added = {k: v for k, v in os.environ.items() if k not in _START_ENV}  # noqa: F821  (_kernel_side.py)
     os.environ.clear()
     os.environ.update(req["env"])
@@ -120,11 +152,11 @@ def _kernel_c(req, log_fd):
     import random
 
     random.seed()  # already reseeded at fork; once more, explicitly: no kernel shares another's random state
-    kernel_main(req["cfg"], req["conn"])  # noqa: F821  (defined by _kernel_side.py, the first part of this source)
+    kernel_main(cfg, req["conn"])  # noqa: F821  (defined by _kernel_side.py, the first part of this source)
     os._exit(0)
 
 
-def _init_b(req, log_fd):
+def _init_b(req, log_fd, cgroup_fd):
     """pid 1 of the new pid namespace: builds the kernel's view, starts the kernel, reaps until it exits."""
     try:
         _die_with_parent()
@@ -132,6 +164,7 @@ def _init_b(req, log_fd):
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         _hide_other_kernels(req)
         _fresh_proc()
+        _own_devpts()
         if not req["network"]:
             _loopback_up()
         os.chdir("/")
@@ -141,11 +174,13 @@ def _init_b(req, log_fd):
         os._exit(70)
     if kernel == 0:
         try:
-            _kernel_c(req, log_fd)
+            _kernel_c(req, log_fd, cgroup_fd)
         except BaseException as err:
             os.write(2, f"sandbox kernel: {type(err).__name__}: {err}\n".encode())
         os._exit(70)
     os.close(log_fd)
+    if cgroup_fd is not None:
+        os.close(cgroup_fd)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -157,14 +192,19 @@ def _init_b(req, log_fd):
             os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
-def _fork_a(req, reply, log_fd, zygote_pid):
-    """A: new namespaces for one kernel; hands B's pidfd to the host, then lives as long as B."""
+def _fork_a(reply, log_fd, cgroup_fd, zygote_pid):
+    """A: reads its request, makes new namespaces for one kernel, hands B's pidfd to the host, then lives as long
+    as B."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         _die_with_parent()
         if os.getppid() != zygote_pid:
             os._exit(1)
-        _close_fds_except((reply.fileno(), log_fd))
+        keep = (reply.fileno(), log_fd) + ((cgroup_fd,) if cgroup_fd is not None else ())
+        _close_fds_except(keep)
+        reply.settimeout(30.0)
+        req = json.loads(reply.recv(1 << 20))
+        reply.settimeout(None)
         flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWCGROUP
         if not req["network"]:
             flags |= _CLONE_NEWNET
@@ -172,7 +212,7 @@ def _fork_a(req, reply, log_fd, zygote_pid):
         pid = os.fork()
         if pid == 0:
             reply.close()
-            _init_b(req, log_fd)
+            _init_b(req, log_fd, cgroup_fd)
         pidfd = os.pidfd_open(pid)
         socket.send_fds(reply, [json.dumps({"pid": pid}).encode()], [pidfd])
         os.close(pidfd)
@@ -183,6 +223,8 @@ def _fork_a(req, reply, log_fd, zygote_pid):
             os._exit(1)
     reply.close()
     os.close(log_fd)
+    if cgroup_fd is not None:
+        os.close(cgroup_fd)
     while True:
         try:
             os.waitpid(pid, 0)
@@ -195,34 +237,35 @@ def _fork_a(req, reply, log_fd, zygote_pid):
 
 
 def _serve(ctl_fd):
-    """The zygote's loop: one request at a time, a fork each; exits when the host closes the control socket."""
+    """The zygote's loop: one request at a time, a fork each; exits when the host closes the control socket. A
+    request is its descriptors alone (reply socket, log, cgroup or none): nothing of a kernel's is read here."""
     ctl = socket.socket(fileno=ctl_fd)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernels' A processes are reaped by the kernel, not by us
     me = os.getpid()
     ctl.send(json.dumps({"ready": True, "threads": threading.active_count()}).encode())
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 2)
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 3)
         except InterruptedError:
             continue
         if not msg:
             os._exit(0)  # the host is gone
-        if len(fds) != 2:
+        if msg not in (b"fork", b"fork+cgroup") or len(fds) != (3 if msg == b"fork+cgroup" else 2):
             for fd in fds:
                 os.close(fd)
             continue
         reply = socket.socket(fileno=fds[0])
         try:
-            req = json.loads(msg)
             pid = os.fork()
         except BaseException as err:  # no fork (EAGAIN): this kernel fails to start, the zygote serves on
             reply.send(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
             pid = -1
         if pid == 0:
             ctl.close()
-            _fork_a(req, reply, fds[1], me)
+            _fork_a(reply, fds[1], fds[2] if len(fds) == 3 else None, me)
         reply.close()
-        os.close(fds[1])
+        for fd in fds[1:]:
+            os.close(fd)
 
 
 def _preimport():

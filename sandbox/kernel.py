@@ -31,15 +31,17 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from . import zygote
+from .budget import KernelBudget
 from .errors import KernelStartError
-from .kernel_dirs import make_kernel_dir, remove_kernel_dir
-from .launch import kernel_env, kill_uid, launch_spec, next_uid, release_uid
-from .limits import Limits
+from .kernel_dirs import KernelLog, make_kernel_dir, remove_kernel_dir
+from .launch import kernel_env, kill_uid, launch_spec, next_uid, release_uid, seccomp_available
+from .limits import Limits, is_root
 from .result import ExecResult, StateDigest, ToolCall
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
+PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
 class KernelProcess:
@@ -68,6 +70,12 @@ class KernelProcess:
         self._reader: asyncio.Task | None = None
         self._closed = False
         self.uid: int | None = None
+        self._sock_fd: int | None = None
+        self.log: KernelLog | None = None
+        self.budget: KernelBudget | None = None
+        self._work_tmpfs = self._zygote is not None or level == "unshare" or (level == "bwrap" and is_root())
+        """Whether the working directory is a bounded tmpfs of the kernel's own mount namespace (a mount needs one,
+        and the privileges to make it); else the watchdog sums the directory (``sandbox/budget.py``)."""
 
     async def start(self) -> KernelProcess:
         try:
@@ -78,81 +86,140 @@ class KernelProcess:
 
     async def _start(self) -> KernelProcess:
         if self._zygote is not None:
-            return await self._start_forked(self._zygote)
-        loop = asyncio.get_running_loop()
-        assert self.kdir is not None
-        work = os.path.join(self.kdir, "work")
-        os.mkdir(work)
-        conn_file = os.path.join(self.kdir, "connection.json")
-        spec = launch_spec(self.level, self.limits, self.kdir, conn_file)
+            await self._zygote.ensure()
+            self.kdir, self._kdir_lock, view = self._zygote.kernel_dir()
+            self.uid = next_uid(self.limits)
+        else:
+            assert self.kdir is not None
+            view = self.kdir
+        self._layout(view)
+        if self._zygote is not None:
+            return await self._start_forked(self._zygote, view)
+        spec = launch_spec(self.level, self.limits, self.kdir, os.path.join(self.kdir, "connection.json"),
+                           extra_cfg=self._cfg(work_tmpfs=self._work_tmpfs))
         self.uid = spec.uid
-        key = secrets.token_hex(16)
-        ip = os.path.join(self.kdir, "k")
-        ports = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-        with open(conn_file, "w") as f:
-            json.dump({"transport": "ipc", "ip": ip, "key": key, "signature_scheme": "hmac-sha256", **ports}, f)
-        if spec.uid is not None:  # the kernel drops to this uid: it must own its directory
-            for path in (self.kdir, work, conn_file):
-                os.chown(path, spec.uid, spec.uid)
-        self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="replrl")
-        self._log = open(os.path.join(self.kdir, "kernel.log"), "wb")
+        self._own_dirs()
         argv = spec.argv if not self.nice else [shutil.which("nice") or "nice", "-n", str(self.nice), *spec.argv]
+        fds = [self.budget.procs_fd] if self.budget.procs_fd is not None else []
         self.proc = subprocess.Popen(argv, env=spec.env or None, cwd=spec.cwd, stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self.log.fd, stderr=subprocess.STDOUT, start_new_session=True,
+                                     pass_fds=fds)
         self.pid = self.proc.pid
         self._pidfd = os.pidfd_open(self.proc.pid)
-        loop.add_reader(self._pidfd, self._on_exit)
-        return await self._connect(ip)
+        asyncio.get_running_loop().add_reader(self._pidfd, self._on_exit)
+        return await self._connect()
 
-    async def _start_forked(self, server: zygote.Zygote) -> KernelProcess:
+    def _layout(self, view: str) -> None:
+        """The kernel's directory, made by the host before the kernel exists: ``work`` (its working directory),
+        ``sock`` (where it binds its sockets), ``connection.json``, and ``kernel.log``, created here and read back
+        only through the descriptor made now (``KernelLog``: the kernel may replace the name, never what the host
+        reads). The host keeps a descriptor of ``sock`` too and reaches the sockets through it."""
+        assert self.kdir is not None
+        for name in ("work", "sock"):
+            os.mkdir(os.path.join(self.kdir, name), 0o700)
+        self._sock_fd = os.open(os.path.join(self.kdir, "sock"), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                                | os.O_CLOEXEC)
+        self._key = secrets.token_hex(16)
+        self.session = Session(key=self._key.encode(), signature_scheme="hmac-sha256", username="replrl")
+        with open(os.path.join(self.kdir, "connection.json"), "x") as f:
+            json.dump({"transport": "ipc", "ip": os.path.join(view, "sock", "k"), "key": self._key,
+                       "signature_scheme": "hmac-sha256", **PORTS}, f)
+        self.log = KernelLog.create(os.path.join(self.kdir, "kernel.log"))
+        memory = self.limits.memory_mb * 2**20 if self.limits.memory_mb else None
+        watch = None if self._work_tmpfs else os.path.join(self.kdir, "work")
+        self.budget = KernelBudget.open(memory, self.limits.max_dir_mb * 2**20, watch_dir=watch)
+
+    def _own_dirs(self) -> None:
+        """With a uid of its own, the kernel owns only ``work``, ``sock`` (until it answers) and may read its
+        connection file; the directory itself is root's and its group's (the kernel's gid): it cannot rename,
+        replace or add anything there."""
+        if self.uid is None:
+            return
+        assert self.kdir is not None
+        os.chown(self.kdir, 0, self.uid)
+        os.chmod(self.kdir, 0o750)
+        for name in ("work", "sock", "connection.json"):
+            os.chown(os.path.join(self.kdir, name), self.uid, self.uid)
+        os.chmod(os.path.join(self.kdir, "connection.json"), 0o400)
+
+    def _cfg(self, work_tmpfs: bool) -> dict:
+        """What the kernel program does before it serves (``_kernel_side._before_serving``)."""
+        cfg: dict[str, Any] = {"seccomp": seccomp_available()}
+        if self.budget.procs_fd is not None:
+            cfg["cgroup_fd"] = self.budget.procs_fd
+        if work_tmpfs:
+            cfg["work_tmpfs"] = {"bytes": self.limits.max_dir_mb * 2**20, "inodes": self.limits.max_dir_inodes}
+        return cfg
+
+    async def _start_forked(self, server: zygote.Zygote, view: str) -> KernelProcess:
         """The kernel forked by ``server`` (see sandbox/zygote.py); its directory is ``view`` in its own view."""
         loop = asyncio.get_running_loop()
-        await server.ensure()
-        self.kdir, self._kdir_lock, view = server.kernel_dir()
-        work = os.path.join(self.kdir, "work")
-        os.mkdir(work)
-        conn_file = os.path.join(self.kdir, "connection.json")
-        self.uid = next_uid(self.limits)
+        assert self.kdir is not None
+        self._own_dirs()
         env = kernel_env(self.limits, view, self.uid, may_reap=True)
-        cfg = json.loads(env.pop("REPLRL_SANDBOX"))
-        key = secrets.token_hex(16)
-        ports = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-        with open(conn_file, "w") as f:
-            json.dump({"transport": "ipc", "ip": os.path.join(view, "k"), "key": key,
-                       "signature_scheme": "hmac-sha256", **ports}, f)
-        if self.uid is not None:
-            for path in (self.kdir, work, conn_file):
-                os.chown(path, self.uid, self.uid)
-        self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="replrl")
-        self._log = open(os.path.join(self.kdir, "kernel.log"), "wb")
+        cfg = {**json.loads(env.pop("REPLRL_SANDBOX")), **self._cfg(work_tmpfs=self._work_tmpfs)}
+        cfg.pop("cgroup_fd", None)  # the zygote hands the kernel the descriptor it receives
         request = {"cfg": cfg, "env": env, "kdir": self.kdir, "view_kdir": view, "tmp": server.tmp,
                    "work": os.path.join(view, "work"), "conn": os.path.join(view, "connection.json"),
-                   "network": self.limits.network}
+                   "network": self.limits.network, "keep": server.keep}
         try:
-            forked = await server.fork(request, self._log.fileno(), START_TIMEOUT_S)
+            forked = await server.fork(request, self.log.fd, self.budget.procs_fd, START_TIMEOUT_S)
         except (RuntimeError, OSError, asyncio.TimeoutError) as err:
             raise KernelStartError(f"sandboxed kernel (bwrap, forked) did not start: {err}") from None
         self._pidfd, self.pid = forked.pidfd, forked.pid
         loop.add_reader(self._pidfd, self._on_exit)
-        # the sockets' path through an fd of the directory: a kernel directory inside the fork server's is longer
-        # than a unix socket's 108 bytes allow where the temp directory is deep (pytest's)
-        self._kdir_fd = os.open(self.kdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        return await self._connect(f"/proc/self/fd/{self._kdir_fd}/k")
+        return await self._connect()
 
-    async def _connect(self, ip: str) -> KernelProcess:
+    def _sockets(self, reconnect: bool) -> None:
+        """The shell and control sockets, reached through the host's descriptor of ``sock`` (the sockets' path
+        through an fd is also shorter than a unix socket's 108 bytes where the temp directory is deep)."""
         ctx = zmq.asyncio.Context.instance()
-        self.shell = ctx.socket(zmq.DEALER)
-        self.control = ctx.socket(zmq.DEALER)
-        for sock, port in ((self.shell, 1), (self.control, 4)):
+        for name, port in (("shell", 1), ("control", 4)):
+            sock = ctx.socket(zmq.DEALER)
             sock.linger = 0
-            sock.connect(f"ipc://{ip}-{port}")
+            if not reconnect:
+                sock.setsockopt(zmq.RECONNECT_IVL, -1)
+            sock.connect(f"ipc:///proc/self/fd/{self._sock_fd}/k-{port}")
+            setattr(self, name, sock)
         self._reader = asyncio.ensure_future(self._read(self.shell))
         self._control_reader = asyncio.ensure_future(self._read(self.control))
+
+    def _close_sockets(self) -> None:
+        for task in (self._reader, getattr(self, "_control_reader", None)):
+            if task is not None:
+                task.cancel()
+        for sock in (getattr(self, "shell", None), getattr(self, "control", None)):
+            if sock is not None:
+                sock.close(linger=0)
+
+    async def _connect(self) -> KernelProcess:
+        """Wait for the kernel's answer on sockets that retry until it has bound them; then lock ``sock`` (root's
+        alone, when the kernel has a uid of its own) and connect for good with sockets that never reconnect: no
+        path the kernel can write is ever resolved again, whatever model-written code later does to its files."""
+        self._sockets(reconnect=True)
         reply = await self.request("kernel_info_request", {}, timeout=START_TIMEOUT_S)
         if reply is None:
-            tail = self.log_tail()
-            raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {tail}")
+            raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {self.log_tail()}")
+        if self.uid is not None:
+            os.chown(f"/proc/self/fd/{self._sock_fd}", 0, 0)
+            os.chmod(f"/proc/self/fd/{self._sock_fd}", 0o700)
+        self._close_sockets()
+        self._sockets(reconnect=False)
+        self.budget.started()
+        uid = self.uid if self.level == "rlimits" else None
+        self.budget.watch(self.pid or -1, uid, self._kill_from_any_thread)
         return self
+
+    def _kill_from_any_thread(self) -> None:
+        """SIGKILL the kernel's process tree (the watchdog's thread calls it); the event loop sees the death."""
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            if self.uid is not None and self.level == "rlimits":
+                kill_uid(self.uid)
+        elif self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def renice(self) -> None:
         """Give the kernel's processes (those of its own uid) the host's niceness: a kernel that booted at a lower
@@ -203,23 +270,16 @@ class KernelProcess:
         return await self.wait(self.send(msg_type, content), timeout)
 
     def log_tail(self, n: int = 600) -> str:
-        try:
-            with open(os.path.join(self.kdir or "", "kernel.log"), "rb") as f:
-                return f.read()[-n:].decode(errors="replace").strip() or "(no output)"
-        except OSError:
-            return "(no log)"
+        """The last ``n`` bytes the kernel wrote to its log, read through the host's own descriptor (never by path:
+        the kernel may have replaced the name with a FIFO or a link)."""
+        return self.log.tail(n) if self.log is not None else "(no log)"
 
     def kill(self) -> None:
         """SIGKILL the whole process tree and free every resource. Idempotent, never raises."""
         if self._closed:
             return
         self._closed = True
-        for task in (self._reader, getattr(self, "_control_reader", None)):
-            if task is not None:
-                task.cancel()
-        for sock in (getattr(self, "shell", None), getattr(self, "control", None)):
-            if sock is not None:
-                sock.close(linger=0)
+        self._close_sockets()
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -244,11 +304,14 @@ class KernelProcess:
         for fut in self.pending.values():
             fut.cancel()
         self.pending.clear()
-        if hasattr(self, "_log"):
-            self._log.close()
-        if self._kdir_fd is not None:
-            os.close(self._kdir_fd)
-            self._kdir_fd = None
+        if self.log is not None:
+            self.log.close()
+        if self.budget is not None:
+            self.budget.close()
+        for fd in (self._kdir_fd, self._sock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._kdir_fd = self._sock_fd = None
         if self.kdir is not None:
             remove_kernel_dir(self.kdir, self._kdir_lock)
         if self._zygote is not None:
@@ -349,11 +412,12 @@ class Kernel:
                 await proc.request("execute_request", _exec_content("", op="reap"), 1.0)
         if reply is None:  # died, or would not stop
             died = not proc.alive
-            if died:
+            if died and log.isEnabledFor(logging.INFO):  # the log is read only when it will be shown
                 log.info("sandboxed kernel died: %s", proc.log_tail())
+            limit = proc.budget.reason() if died and proc.budget is not None else None
             self._lose(proc)
             return ExecResult("crashed" if died and status != "timeout" else status, restarted=True,
-                              error_name=None, duration_s=time.perf_counter() - t0)
+                              error_name=None, duration_s=time.perf_counter() - t0, limit=limit)
         return _result(reply, status, time.perf_counter() - t0)
 
     async def interrupt(self) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import itertools
 import json
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -28,9 +30,12 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf", "passwd", "group",
              "hosts", "host.conf", "os-release", "mime.types", "ssl", "ca-certificates", "ca-certificates.conf")
 
-_uid_counter = itertools.count()
 UID_SPAN = 20000
 """Kernel uids are drawn from ``[uid_base, uid_base + UID_SPAN)``."""
+_uid_counter = itertools.count(secrets.randbelow(UID_SPAN))
+"""Each process starts at a random place in the span: a run does not hand its first kernels the uids the previous
+run's first kernels had (nothing a kernel leaves to its uid reaches a later one anyway: no keyrings, see
+``_kernel_side._install_seccomp``; a pid namespace or ``kill_uid`` ends its processes)."""
 _claims: dict[int, int] = {}
 """uid -> the open lock file that claims it, held while a kernel of this process runs under that uid."""
 
@@ -148,8 +153,26 @@ def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
     return args
 
 
-def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool) -> dict[str, str]:
+@functools.cache
+def seccomp_available() -> bool:
+    """Whether the kernel program can install its seccomp filter here: libseccomp and a Python binding of it
+    (``seccomp``, or ``pyseccomp``, a dependency of replrl on Linux) import in this interpreter, which the kernels
+    run too."""
+    try:
+        try:
+            import seccomp  # type: ignore[import-not-found]
+        except ImportError:
+            import pyseccomp as seccomp  # type: ignore[import-not-found]
+        seccomp.SyscallFilter(seccomp.ALLOW)
+        return True
+    except Exception:
+        return False
+
+
+def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool,
+               extra_cfg: dict | None = None) -> dict[str, str]:
     gid = uid
+    visible = python_paths()
     config = {
         "uid": uid,
         "gid": gid,
@@ -157,7 +180,8 @@ def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool) -> di
         "may_reap": may_reap,
         # where the host finds ipykernel (a user site, say): the kernel imports it from there, then gives user code
         # the interpreter's own sys.path, as `python -i` has it (so no PYTHONPATH: it would show through)
-        "import_path": [p for p in sys.path if p and os.path.isdir(p)],
+        # (only directories of the view: the host's other entries, a checkout say, are not the kernel's to know)
+        "import_path": [p for p in sys.path if p and os.path.isdir(p) and any(_under(p, v) for v in visible)],
         "rlimits": {
             "as": limits.memory_mb * 2**20 if limits.memory_mb else None,
             "nproc": limits.max_procs,
@@ -165,6 +189,7 @@ def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool) -> di
             "nofile": limits.max_open_files,
             "core": 0,
         },
+        **(extra_cfg or {}),
     }
     return {
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
@@ -182,11 +207,11 @@ def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool) -> di
     }
 
 
-def launch_spec(level: str, limits: Limits, kdir: str, conn_file: str) -> LaunchSpec:
+def launch_spec(level: str, limits: Limits, kdir: str, conn_file: str, extra_cfg: dict | None = None) -> LaunchSpec:
     uid = next_uid(limits)
     work = os.path.join(kdir, "work")
     may_reap = uid is not None or level in ("bwrap", "unshare")
-    env = kernel_env(limits, kdir, uid, may_reap)
+    env = kernel_env(limits, kdir, uid, may_reap, extra_cfg)
     python = [sys.executable, "-c", KERNEL_SOURCE, "-f", conn_file]
     if level == "bwrap":
         argv = [shutil.which("bwrap") or "bwrap", *bwrap_view(kdir, limits.ro_paths)]

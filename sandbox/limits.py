@@ -24,12 +24,20 @@ class Limits:
     interrupt_grace_s: float = 1.0
     """After an interrupt, how long the kernel has to become idle before it is killed and replaced."""
     memory_mb: int | None = 2048
-    """Address-space limit (RLIMIT_AS) so a huge allocation raises MemoryError instead of waking the OOM killer."""
+    """Memory of the kernel: each process's address space (RLIMIT_AS, so a huge allocation raises MemoryError
+    instead of waking the OOM killer), and all of its processes together (a cgroup of its own, or the host's
+    watchdog: ``sandbox/budget.py``); a kernel past the total is stopped and its episode ends as a crash."""
     max_procs: int = 64
     """Processes+threads the kernel's uid may have (RLIMIT_NPROC): stops fork bombs. Real when the kernel runs under
     its own uid (the host is root) or in a pid namespace."""
     max_file_mb: int = 64
     """Largest file the kernel may write (RLIMIT_FSIZE)."""
+    max_dir_mb: int = 128
+    """All the files in the kernel's working directory together: a tmpfs of this size in the kernel's own mount
+    namespace (writing past it fails with ENOSPC; its pages count in the memory total), or, where the kernel has no
+    mount namespace, the watchdog stops the kernel past it."""
+    max_dir_inodes: int = 16384
+    """Files and directories the working directory may hold (the tmpfs's inode count)."""
     max_open_files: int = 256
     """RLIMIT_NOFILE."""
     max_output_bytes: int = 64_000
@@ -57,6 +65,8 @@ class Limits:
             raise ValueError("Limits.wall_s and Limits.interrupt_grace_s must be positive")
         if self.max_output_bytes < 1:
             raise ValueError("Limits.max_output_bytes must be positive")
+        if self.max_dir_mb < 1 or self.max_dir_inodes < 16:
+            raise ValueError("Limits.max_dir_mb must be positive and Limits.max_dir_inodes at least 16")
         if isinstance(self.ro_paths, str) or not all(isinstance(p, str) and p.startswith("/") for p in self.ro_paths):
             raise ValueError("Limits.ro_paths must be a tuple of absolute paths")
 

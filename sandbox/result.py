@@ -60,6 +60,8 @@ class ExecResult:
     tool_calls: list[ToolCall] = field(default_factory=list)
     state: StateDigest | None = None
     """The namespace digest after the execution, when it was asked for and the kernel answered."""
+    limit: str | None = None
+    """When a total ended the kernel (``crashed``): which, in words ("memory limit: ..."); else None."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

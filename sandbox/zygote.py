@@ -8,8 +8,9 @@ only its own directory, a /proc of its own pid namespace, loopback up, its own u
 today's bwrap boot has (tests/test_zygote.py checks both boots side by side).
 
 Used where that isolation is proven: the bwrap level with a root host (unshare and mount need the capabilities
-bwrap keeps for root). Elsewhere (a non-root host, the unshare and rlimits levels, an interpreter under the temp
-directory) kernels boot as before, each its own bwrap.
+bwrap keeps for root), wherever the interpreter lives (a virtualenv under the temp directory is bound into each
+kernel's view of it, as a booted kernel's view has it). Elsewhere (a non-root host, the unshare and rlimits levels)
+kernels boot as before, each its own bwrap; ``boot_path()`` says which and why (``replrl env``).
 
 A zygote serves every kernel of one view (level, ro_paths, network, temp directory) in this process and lives while
 one of its kernels (or a ``Kernel`` that uses it) does: the last one's end closes it, so a closed pool leaves no
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .kernel_dirs import make_kernel_dir, remove_kernel_dir
+from .kernel_dirs import KernelLog, make_kernel_dir, remove_kernel_dir
 from .launch import KERNEL_SOURCE, bwrap_view, kernel_env, python_paths
 from .limits import Limits, is_root
 
@@ -45,19 +46,40 @@ ZYGOTE_SOURCE = "_ZYGOTE = True\n" + KERNEL_SOURCE + "\n" + Path(__file__).with_
 PREIMPORT = ("debugpy", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.comm", "ipykernel.debugger",
              "ipykernel.eventloops", "ipykernel.heartbeat", "ipykernel.iostream", "ipykernel.parentpoller",
              "IPython.core.completer", "IPython.core.interactiveshell", "jupyter_client.session", "comm",
-             "jedi", "sqlite3", "uuid", "hmac", "pickle", "code", "codeop", "reprlib", "hashlib")
+             "jedi", "sqlite3", "uuid", "hmac", "pickle", "code", "codeop", "reprlib", "hashlib", "errno", "ctypes",
+             "seccomp", "pyseccomp")
 """Modules a kernel imports during its start (ipykernel imports some only then): the zygote imports them first."""
 READY_TIMEOUT_S = 60.0
 
 
 def fork_server_usable(level: str, limits: Limits) -> bool:
-    """Whether kernels at ``level`` come from a zygote: asked for, the bwrap level, a root host, and no directory of
-    the view inside the temp directory (the kernel's view covers the temp directory with its own)."""
-    if not (limits.fork_server and level == "bwrap" and is_root() and hasattr(os, "pidfd_open")):
-        return False
+    """Whether kernels at ``level`` come from a zygote: asked for, the bwrap level, a root host, pidfds."""
+    return boot_path(level, limits)[0] == "forked"
+
+
+def boot_path(level: str, limits: Limits) -> tuple[str, str]:
+    """("forked" or "booted", why): how a fresh kernel is made at ``level`` on this host."""
+    if not limits.fork_server:
+        return "booted", "Limits.fork_server is off"
+    if level != "bwrap":
+        return "booted", f"the fork server serves the bwrap level (this is {level})"
+    if not is_root():
+        return "booted", "the fork server needs a root host (it makes each kernel's namespaces with bwrap's rights)"
+    if not hasattr(os, "pidfd_open"):
+        return "booted", "this Python has no os.pidfd_open"
+    return "forked", "from a pre-imported fork server (sandbox/zygote.py)"
+
+
+def under_tmp(limits: Limits) -> list[str]:
+    """The view's directories that live under the temp directory (the interpreter's, ``Limits.ro_paths``): a forked
+    kernel's view covers the temp directory and binds these back, as they are in the zygote's view."""
     tmp = os.path.realpath(tempfile.gettempdir())
-    return not any(os.path.realpath(p) == tmp or os.path.realpath(p).startswith(tmp.rstrip("/") + "/")
-                   for p in [*python_paths(), *limits.ro_paths])
+    keep = set()
+    for path in [*python_paths(), *limits.ro_paths]:
+        for form in (os.path.abspath(path), os.path.realpath(path)):
+            if form == tmp or form.startswith(tmp.rstrip("/") + "/"):
+                keep.add(form)
+    return sorted(p for p in keep if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in keep))
 
 
 # -- a thread that lives as long as the process: bwrap's --die-with-parent follows the thread that started it ---------
@@ -106,7 +128,9 @@ class Zygote:
         self.ctl: socket.socket | None = None
         self.dir: str | None = None
         self._dir_lock: int | None = None
-        self._log = None
+        self._log: KernelLog | None = None
+        self.keep = under_tmp(limits)
+        """Directories of the view under the temp directory, bound into each forked kernel's view of it."""
         self._starting: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -155,11 +179,11 @@ class Zygote:
         for key, value in env.items():
             argv += ["--setenv", key, value]
         argv += ["--", sys.executable, "-c", ZYGOTE_SOURCE]
-        self._log = open(os.path.join(self.dir, "zygote.log"), "wb")
+        self._log = KernelLog.create(os.path.join(self.dir, "zygote.log"))
         try:
             self.proc = await asyncio.wrap_future(_popen_on_lasting_thread(
-                argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
-                start_new_session=True))
+                argv, stdin=subprocess.DEVNULL, stdout=self._log.fd, stderr=subprocess.STDOUT,
+                pass_fds=[theirs.fileno()], start_new_session=True))
         finally:
             theirs.close()
         ours.setblocking(False)
@@ -174,21 +198,20 @@ class Zygote:
         self.ctl.settimeout(10.0)
 
     def log_tail(self, n: int = 600) -> str:
-        try:
-            with open(os.path.join(self.dir or "", "zygote.log"), "rb") as f:
-                return f.read()[-n:].decode(errors="replace").strip() or "(no output)"
-        except OSError:
-            return "(no log)"
+        return self._log.tail(n) if self._log is not None else "(no log)"
 
-    async def fork(self, request: dict, log_fd: int, timeout: float) -> Forked:
-        """Ask for one kernel; returns its pidfd once the zygote's child has made its namespaces."""
+    async def fork(self, request: dict, log_fd: int, cgroup_fd: int | None, timeout: float) -> Forked:
+        """Ask for one kernel; returns its pidfd once the zygote's child has made its namespaces. The zygote gets
+        only the descriptors; the request goes to its child on the reply socket (the zygote keeps no history)."""
         await self.ensure()
         assert self.ctl is not None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         loop = asyncio.get_running_loop()
         try:
+            fds = [theirs.fileno(), log_fd] + ([cgroup_fd] if cgroup_fd is not None else [])
             with theirs:
-                socket.send_fds(self.ctl, [json.dumps(request).encode()], [theirs.fileno(), log_fd])
+                socket.send_fds(self.ctl, [b"fork" if cgroup_fd is None else b"fork+cgroup"], fds)
+            ours.send(json.dumps(request).encode())
             got: asyncio.Future = loop.create_future()
 
             def on_reply() -> None:

@@ -347,23 +347,23 @@ def test_a_directory_a_dying_kernel_wrote_into_keeps_its_lock_for_the_next_reap(
     """A kernel killed as it starts can bind a socket in its directory while the host removes it (seen: directories
     left holding only `k-2` and `k-5` after a test suite): the directory stays, so its lock must stay too, released,
     or nothing would ever remove it."""
-    import shutil
     import tempfile
 
     from sandbox import kernel_dirs
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     kdir, fd = kernel_dirs.make_kernel_dir()
-    rmtree = shutil.rmtree
+    remove_tree = kernel_dirs.remove_tree
 
-    def racing_rmtree(path, ignore_errors=False):  # the removal runs, then the dying kernel binds its socket
-        rmtree(path, ignore_errors=ignore_errors)
+    def racing_remove(path):  # the removal runs, then the dying kernel binds its socket
+        remove_tree(path)
         os.mkdir(path)
         open(os.path.join(path, "k-2"), "w").close()
+        return False
 
-    monkeypatch.setattr(kernel_dirs.shutil, "rmtree", racing_rmtree)
+    monkeypatch.setattr(kernel_dirs, "remove_tree", racing_remove)
     kernel_dirs.remove_kernel_dir(kdir, fd)
-    monkeypatch.setattr(kernel_dirs.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(kernel_dirs, "remove_tree", remove_tree)
     assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(kdir), os.path.basename(kdir) + ".lock"])
     assert kernel_dirs.reap_stale_kernel_dirs(str(tmp_path)) == [kdir]
     assert os.listdir(tmp_path) == []
