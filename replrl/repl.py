@@ -218,7 +218,10 @@ def render_output(result: ExecResult) -> str:
     output = result.output
     if result.truncated:
         output += ("" if output.endswith("\n") else "\n") + TRUNCATED_MARKER
-    if result.restarted:
+    if result.restarted and result.limit:  # a total ended the kernel: say which
+        output += ("" if not output or output.endswith("\n") else "\n") + \
+            f"[the Python process was stopped ({result.limit}) and restarted: all variables are gone]\n"
+    elif result.restarted:
         output += RESTART_MARKER.get(result.status, RESTART_MARKER["crashed"])
     return output
 

@@ -418,7 +418,12 @@ class Kernel:
             self._lose(proc)
             return ExecResult("crashed" if died and status != "timeout" else status, restarted=True,
                               error_name=None, duration_s=time.perf_counter() - t0, limit=limit)
-        return _result(reply, status, time.perf_counter() - t0)
+        result = _result(reply, status, time.perf_counter() - t0)
+        limit = proc.budget.reason() if proc.budget is not None else None
+        if limit is not None:  # a total was hit during the line (one of its processes was killed for it): the
+            self._lose(proc)   # kernel goes with it, and the episode ends as a crash that says why
+            result.status, result.restarted, result.limit = "crashed", True, limit
+        return result
 
     async def interrupt(self) -> None:
         """Send a message-mode interrupt (KeyboardInterrupt in the running code)."""

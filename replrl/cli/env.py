@@ -33,6 +33,9 @@ def sandbox_lines() -> list[str]:
         lines.append(f"sandbox isolation: {level}{weaker}")
         lines.append("host files visible to model code: " + ("no (allowlisted filesystem view)" if hidden else
                                                              "YES (no filesystem view at this level)"))
+        from sandbox.report import mechanisms
+
+        lines += [f"{what}: {how}" for what, how in mechanisms()]
     except SandboxUnavailable as err:
         lines.append(f"sandbox isolation: NONE ({err})")
     lines.append("levels: " + ", ".join(f"{lv} {'yes' if available(lv) else 'no (' + _why_not(lv) + ')'}"
