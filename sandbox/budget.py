@@ -146,6 +146,7 @@ def memory_mechanism() -> tuple[str, str]:
 
 
 def _remove_tree() -> None:
+    flush(wait_s=0.5)
     if _tree is not None:
         for name in _children(_tree.parent):
             _rmdir_cgroup(os.path.join(_tree.parent, name), wait_s=0.5)
@@ -215,6 +216,7 @@ class KernelBudget:
         global _counter
         budget = cls(memory_bytes, dir_bytes, watch_dir)
         mechanism, _ = memory_mechanism()
+        flush()
         if memory_bytes is None or _tree is None:
             return budget
         with _tree_lock:
@@ -287,13 +289,28 @@ class KernelBudget:
         return memory_words(self.memory_bytes) if hit else None
 
     def close(self) -> None:
-        """The kernel is dead: forget it, remove its cgroup (once its last process is gone). Never raises."""
+        """The kernel is dead: forget it, remove its cgroup. Never raises, never waits: a cgroup whose last process
+        is still going (a pid namespace ends a moment after its init) is removed by a later ``close``/``open`` or
+        ``flush``, at the latest when this process exits."""
         self.started()
         _watchdog_forget(self)
         if self.cgroup is not None:
-            if not _rmdir_cgroup(self.cgroup, wait_s=2.0):
-                log.debug("sandbox: kernel cgroup %s still busy; removed at exit", self.cgroup)
+            _pending.append(self.cgroup)
             self.cgroup = None
+        flush()
+
+
+_pending: list[str] = []
+"""Kernel cgroups whose removal found a process still in them."""
+
+
+def flush(wait_s: float = 0.0) -> int:
+    """Remove the kernel cgroups left pending (waiting up to ``wait_s`` for each); returns how many remain."""
+    for path in list(_pending):
+        if _rmdir_cgroup(path, wait_s):
+            with contextlib.suppress(ValueError):
+                _pending.remove(path)
+    return len(_pending)
 
 
 def memory_words(limit: int) -> str:

@@ -9,7 +9,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
-from . import zygote
+from . import budget, zygote
 from .kernel import Kernel, KernelProcess, KernelStartError
 from .limits import Limits, is_root
 
@@ -90,6 +90,7 @@ class KernelPool:
         if self._zygote is not None:
             zygote.release(self._zygote)
             self._zygote = None
+        await asyncio.get_running_loop().run_in_executor(None, budget.flush, 2.0)  # the kernels' cgroups
 
     @property
     def warm(self) -> int:
