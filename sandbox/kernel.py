@@ -57,9 +57,7 @@ class KernelProcess:
         """The fork server this kernel comes from, or None: a boot of its own (bwrap + python)."""
         self.kdir: str | None = None
         self._kdir_lock: int | None = None
-        if self._zygote is None:
-            self.kdir, self._kdir_lock = make_kernel_dir()
-        else:
+        if self._zygote is not None:
             self.nice = 0
         self.dead = asyncio.get_running_loop().create_future()
         self.pending: dict[str, asyncio.Future] = {}
@@ -78,9 +76,18 @@ class KernelProcess:
         and the privileges to make it); else the watchdog sums the directory (``sandbox/budget.py``)."""
 
     async def start(self) -> KernelProcess:
+        """Start the kernel; a failure of any kind is a KernelStartError (which ``Kernel.execute`` turns into a
+        crashed result), never another exception into the caller."""
         try:
             return await self._start()
-        except BaseException:  # cancelled or failed half-way: leave nothing behind
+        except KernelStartError:
+            self.kill()
+            raise
+        except Exception as err:  # a full disk, no uid left, a cgroup gone: the kernel did not start
+            self.kill()
+            raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {type(err).__name__}: {err}") \
+                from None
+        except BaseException:  # cancelled half-way: leave nothing behind
             self.kill()
             raise
 
@@ -90,7 +97,7 @@ class KernelProcess:
             self.kdir, self._kdir_lock, view = self._zygote.kernel_dir()
             self.uid = next_uid(self.limits)
         else:
-            assert self.kdir is not None
+            self.kdir, self._kdir_lock = make_kernel_dir()
             view = self.kdir
         self._layout(view)
         if self._zygote is not None:
@@ -370,9 +377,10 @@ class Kernel:
         await proc.request("execute_request", _exec_content("", op="tools", names=list(self.tools)), 30.0)
 
     async def _ready(self) -> KernelProcess:
-        if self._replacing is not None:
-            await self._replacing
-            self._replacing = None
+        replacing, self._replacing = self._replacing, None
+        if replacing is not None:
+            with contextlib.suppress(KernelStartError):  # a replacement that failed is tried again just below
+                await replacing
         if self._proc is None or not self._proc.alive:
             await self.restart()
         assert self._proc is not None

@@ -508,3 +508,21 @@ def test_a_kernel_stopped_by_a_total_says_so_in_the_transcript():
     assert render_output(stopped) == ("partial\n[the Python process was stopped (memory limit: the kernel's processes "
                                       "together used more than 600 MB) and restarted: all variables are gone]\n")
     assert render_output(ExecResult("crashed", restarted=True)).startswith("[the Python process crashed")
+
+
+@needs_root_bwrap
+def test_a_kernel_that_cannot_be_replaced_ends_the_line_as_a_crash_never_an_exception(tmp_path, monkeypatch):
+    """The replacement of a dead kernel fails (here: its temp directory is gone): ``execute`` returns crashed
+    results, nothing raises into the caller, and a kernel starts again once it can."""
+    async def go():
+        async with Kernel(BOOTS["booted"]) as k:
+            monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+            died = await k.execute("import os\nos._exit(1)")
+            again = await k.execute("1 + 1", mode="single")
+            monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+            back = await k.execute("1 + 1", mode="single")
+            return died, again, back
+
+    died, again, back = run_sync(go())
+    assert died.status == "crashed" and again.status == "crashed" and again.error_name == "KernelStartError"
+    assert back.status == "ok" and back.output == "2\n", back
