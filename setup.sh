@@ -4,8 +4,9 @@
 #   ./setup.sh replrl train          # set up, then train (the default run: offline, on the CPU)
 #   ./setup.sh python -m pytest      # set up, then run the tests (exactly what .ci/run does)
 #
-# 1. bubblewrap, the sandbox's strongest isolation: apt-get (or dnf) as root, or with sudo. Without either, a note,
-#    and the sandbox runs at the strongest level that works (`replrl env` says which) or stops with one line.
+# 1. bubblewrap, the sandbox's strongest isolation, and libseccomp (its seccomp filter): apt-get (or dnf) as root, or
+#    with sudo. Without either, a note, and the sandbox runs at the strongest level that works (`replrl env` says
+#    which) or stops with one line.
 # 2. a Python environment: the active virtualenv/conda env; else this Python when pip may install into it; else
 #    ./.venv (an "externally managed" system Python, PEP 668), created here.
 # 3. torch (the CPU build, 2.13.0, unless a torch is already installed: on a GPU machine install yours first), then
@@ -40,6 +41,12 @@ if ! command -v bwrap >/dev/null 2>&1; then
     say "note: bubblewrap could not be installed (needs root or sudo); the sandbox will use the strongest level" \
         "that works here (run: replrl env)"
   fi
+fi
+
+# 1b. libseccomp, for the kernels' seccomp filter (no keyrings, no user namespaces); usually there already
+if ! ldconfig -p 2>/dev/null | grep -q "libseccomp.so.2"; then
+  install_system libseccomp2 || install_system libseccomp \
+    || say "note: libseccomp could not be installed; kernels run without their seccomp filter (run: replrl env)"
 fi
 
 # 2. the Python environment
