@@ -526,3 +526,11 @@ def test_a_kernel_that_cannot_be_replaced_ends_the_line_as_a_crash_never_an_exce
     died, again, back = run_sync(go())
     assert died.status == "crashed" and again.status == "crashed" and again.error_name == "KernelStartError"
     assert back.status == "ok" and back.output == "2\n", back
+
+
+def test_each_run_starts_its_kernel_uids_at_a_random_place():
+    """Uids repeat across runs only by chance (1 in 20000 per kernel), not at every run's first kernel."""
+    code = "import sandbox.launch as l; print(next(l._uid_counter))"
+    firsts = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+              for _ in range(3)}
+    assert len(firsts) >= 2, firsts
