@@ -143,7 +143,8 @@ def rollout_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = Non
         wave = max(1, min(16, n_problems * group_size) // group_size)  # problems per wave: at most 16 kernels
         with _kernels(cfg, task, wave * group_size) as pool:
             env = Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout),
-                      RewardModel.from_config(cfg.rewards), chat_template=cfg.model.chat_template)
+                      RewardModel.from_config(cfg.rewards), chat_template=cfg.model.chat_template,
+                      chat_template_kwargs=cfg.model.chat_template_kwargs)
             return run_sync(rollout_in_waves(env, chosen, cfg.rollout.sampling(), group_size, progress=progress))
 
 

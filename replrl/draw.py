@@ -122,7 +122,8 @@ def draw_step(env: Env, problems: ProblemStream, cfg: Any, tree: TreeShape, samp
 def _rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, group_size: int,
              tree: TreeShape | None = None) -> tuple[list[Trajectory], RolloutStats]:
     return run_sync(rollout(env.generator, env.pool, env.task, rows, env.rewards, sampling, env.rules,
-                            group_size=group_size, chat_template=env.chat_template, tree=tree))
+                            group_size=group_size, chat_template=env.chat_template, tree=tree,
+                            chat_template_kwargs=env.chat_template_kwargs))
 
 
 def _waves(env: Env, problems: ProblemStream, cfg: Any, tree: TreeShape, sampling: Callable[[int], SamplingParams],

@@ -474,7 +474,8 @@ class Trainer:
         self.model.eval()  # the policy samples in eval mode, without gradients
         boots = pool.boots_while_busy
         # 1-2. problems and group rollouts (flat, trees, or dynamic sampling's waves): draw.py
-        env = Env(self.generator, pool, self.task, self.rules, rewards, chat_template=cfg.model.chat_template)
+        env = Env(self.generator, pool, self.task, self.rules, rewards, chat_template=cfg.model.chat_template,
+                  chat_template_kwargs=cfg.model.chat_template_kwargs)
         drawn = draw_step(env, self.problems, cfg.rollout, self.tree, self.wave_sampling, self.ranks, self.step,
                           stop=lambda: self._stop)
         trajs, groups, stats, wave_stats = drawn.mine, drawn.groups, drawn.stats, drawn.figures

@@ -98,3 +98,36 @@ def test_open_generator_honours_model_device(format_model_dir: Path):
     model, tokenizer = load_policy(cfg.model, seed=0)
     generator = replrl.backends.open_generator(cfg.model, model, tokenizer)
     assert generator.device.type == "cpu"
+
+
+SWITCHED_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n"
+                     "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+                     "{% endif %}")
+"""A chat template that reads a switch, as Qwen3's reads ``enable_thinking``."""
+
+
+def test_chat_template_kwargs_reach_every_prompt_an_episode_builds(format_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from replrl.rollout import build_prompt
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for f in format_model_dir.iterdir():
+        (model_dir / f.name).write_bytes(f.read_bytes())
+    tokenizer = AutoTokenizer.from_pretrained(format_model_dir)
+    tokenizer.chat_template = SWITCHED_TEMPLATE
+    tokenizer.save_pretrained(model_dir)
+    assert "<think>" not in build_prompt(tokenizer, "Submit 3.")
+    assert "<think>\n\n</think>" in build_prompt(tokenizer, "Submit 3.", template_kwargs={"enable_thinking": False})
+
+    cfg = toy_config(model_dir, max_steps=1, save_every=0, save_model=False)
+    cfg.model.chat_template = True
+    (plain,) = api.sample_episodes(str(model_dir), n=1, cfg=cfg)
+    cfg.model.chat_template_kwargs = {"enable_thinking": False}
+    (switched,) = api.sample_episodes(str(model_dir), n=1, cfg=cfg)
+    assert "<think>" not in plain.text and "<|im_start|>assistant\n<think>\n\n</think>\n\nPython " in switched.text
+    results = []
+    Trainer(cfg, tmp_path / "run", progress=False).train(on_step=results.append)  # a training step's prompts
+    assert all("<think>\n\n</think>" in t.text for t in results[0].trajectories)

@@ -3,7 +3,8 @@ object) and ``EpisodeRules``, every per-episode limit beyond sampling in one hom
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -42,6 +43,8 @@ class Env:
     """The ``RewardModel`` (with the weights of the step it is used at: ``at``)."""
     chat_template: bool = True
     """Whether the task's header is a user turn of the tokenizer's chat template (``model.chat_template``)."""
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """The chat template's options (``model.chat_template_kwargs``: Qwen3's enable_thinking), for every prompt."""
 
     @property
     def tokenizer(self) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandbox import KernelPool
@@ -25,20 +25,21 @@ from .tree import tree_rollout
 async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
                   rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules,
                   group_size: int = 1, chat_template: bool = True,
-                  progress: Any = None, tree: Any = None) -> tuple[list[Trajectory], RolloutStats]:
+                  progress: Any = None, tree: Any = None,
+                  chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[Trajectory], RolloutStats]:
     """Sample ``group_size`` episodes for each ``(row_index, row)`` concurrently; return them grouped in order.
 
     ``tree`` (a ``TreeShape`` with branch points): each group is a tree of episodes that branch at
     line boundaries instead (``tree_rollout``; its leaves replace the ``group_size`` episodes)."""
     if tree is not None and tree.on:
         trajs, stats = await tree_rollout(generator, pool, task, rows, rewards, sampling, rules, tree,
-                                          chat_template, progress)
+                                          chat_template, progress, chat_template_kwargs)
         await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions)
         return trajs, stats
     tok = generator.tokenizer
     prompts, meta = [], []
     for g, (row_index, row) in enumerate(rows):
-        ids = encode(tok, build_prompt(tok, task.header(row), chat_template))
+        ids = encode(tok, build_prompt(tok, task.header(row), chat_template, chat_template_kwargs))
         for _ in range(group_size):
             prompts.append(ids)
             meta.append((g, row_index, row))
@@ -99,7 +100,7 @@ async def rollout_in_waves(env: Env, rows: Sequence[tuple[int, dict]], sampling:
     for start in range(0, len(rows), per_wave):
         part, st = await rollout(env.generator, env.pool, env.task, rows[start:start + per_wave], env.rewards,
                                  sampling, env.rules, group_size=group_size, chat_template=env.chat_template,
-                                 progress=progress)
+                                 progress=progress, chat_template_kwargs=env.chat_template_kwargs)
         trajs += part
         stats = st if start == 0 else stats.merge(st)
     return trajs, stats

@@ -3,18 +3,20 @@ and the environment's tokens after a line (DESIGN.md invariants 1 and 2: ids are
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..repl import BANNER, PS1, TRUNCATED_MARKER
 
 
-def build_prompt(tokenizer: Any, header: str, chat_template: bool = True) -> str:
+def build_prompt(tokenizer: Any, header: str, chat_template: bool = True,
+                 template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The episode's prompt text: the task header as a user turn (chat template when the tokenizer has one), then
-    the assistant turn opening with the REPL banner and the first prompt, healed: ``>>>`` (see ``heal``)."""
+    the assistant turn opening with the REPL banner and the first prompt, healed: ``>>>`` (see ``heal``).
+    ``template_kwargs``: the chat template's options (``model.chat_template_kwargs``: Qwen3's enable_thinking)."""
     if chat_template and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": header}], tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=True, **(template_kwargs or {}))
         return text + BANNER + heal(PS1)
     return header.rstrip("\n") + "\n\n" + BANNER + heal(PS1)
 

@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import time
 import zlib
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,12 +145,15 @@ def stream_key(group: int, path: tuple[int, ...]) -> int:
 
 async def tree_rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
                        rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules, shape: TreeShape,
-                       chat_template: bool = True, progress: Any = None) -> tuple[list[Trajectory], RolloutStats]:
+                       chat_template: bool = True, progress: Any = None,
+                       chat_template_kwargs: Mapping[str, Any] | None = None,
+                       ) -> tuple[list[Trajectory], RolloutStats]:
     """A tree of ``shape`` for each ``(row_index, row)``; returns the leaves grouped in order (within a group, in
     tree order), and the statistics (``tree/...``: branch points, replays and how many diverged, replay time per
     line, tokens generated per leaf against the sampled tokens the leaves hold, which is what a flat group of as
     many episodes samples; ``gen_...``: the generation sessions' counters, summed)."""
-    return await _Tree(generator, pool, task, rewards, sampling, rules, shape, progress).run(rows, chat_template)
+    tree = _Tree(generator, pool, task, rewards, sampling, rules, shape, progress)
+    return await tree.run(rows, chat_template, chat_template_kwargs)
 
 
 class _Tree:
@@ -174,12 +177,14 @@ class _Tree:
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
 
-    async def run(self, rows: Sequence[tuple[int, dict]], chat_template: bool) -> tuple[list[Trajectory],
+    async def run(self, rows: Sequence[tuple[int, dict]], chat_template: bool,
+                  chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[Trajectory],
                                                                                          RolloutStats]:
         t_start = time.perf_counter()
         roots: list[_Node] = []
         for g, (row_index, row) in enumerate(rows):
-            ids = encode(self.tok, build_prompt(self.tok, self.task.header(row), chat_template))
+            ids = encode(self.tok, build_prompt(self.tok, self.task.header(row), chat_template,
+                                                   chat_template_kwargs))
             self.groups.append(_Group(open=self.shape.roots))
             roots += [_Node(Episode.start(ids, self.task, self.sampling), g, row_index, row, path=(r,))
                       for r in range(self.shape.roots)]
