@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .env import Env, EpisodeRules
 from .episode import SUBMIT, Episode, finish_episode, play, run_episode, run_setup
-from .groups import rollout, rollout_in_waves, split_by_group
+from .groups import flat_rollout, rollout, rollout_in_waves, split_by_group
 from .stats import (
     SLOW_DIGEST_MS,
     TREE_RATIOS,
@@ -35,7 +35,7 @@ from .tree import TreeShape, branch_line, children_per_node, stream_key, tree_ro
 __all__ = [
     "SLOW_DIGEST_MS", "SUBMIT", "TREE_RATIOS", "Env", "Episode", "EpisodeRules", "RolloutStats", "TreeShape",
     "branch_line", "build_prompt", "children_per_node", "code_of", "decode", "encode", "env_token_ids",
-    "finish_episode", "heal", "line_text", "line_timing", "merge_tree_figures", "merge_wave_stats", "play", "rollout",
-    "rollout_in_waves", "run_episode", "run_setup", "speculation_stats", "split_by_group", "state_stats",
-    "stream_key", "summarize", "tree_rollout", "used_block",
+    "finish_episode", "flat_rollout", "heal", "line_text", "line_timing", "merge_tree_figures", "merge_wave_stats",
+    "play", "rollout", "rollout_in_waves", "run_episode", "run_setup", "speculation_stats", "split_by_group",
+    "state_stats", "stream_key", "summarize", "tree_rollout", "used_block",
 ]

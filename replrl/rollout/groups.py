@@ -34,8 +34,20 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
     if tree is not None and tree.on:
         trajs, stats = await tree_rollout(generator, pool, task, rows, rewards, sampling, rules, tree,
                                           chat_template, progress, chat_template_kwargs)
-        await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions)
-        return trajs, stats
+    else:
+        trajs, stats = await flat_rollout(generator, pool, task, rows, rewards, sampling, rules, group_size,
+                                          chat_template, progress, chat_template_kwargs)
+    await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions), all at once
+    return trajs, stats
+
+
+async def flat_rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
+                       rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules, group_size: int = 1,
+                       chat_template: bool = True, progress: Any = None,
+                       chat_template_kwargs: Mapping[str, Any] | None = None,
+                       ) -> tuple[list[Trajectory], RolloutStats]:
+    """``group_size`` independent episodes for each ``(row_index, row)``, all at once in one generation session;
+    grouped in order, with the rollout's statistics (episode-level reward functions not scored yet: ``rollout``)."""
     tok = generator.tokenizer
     prompts, meta = [], []
     for g, (row_index, row) in enumerate(rows):
@@ -74,7 +86,6 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
                                     for k in ("speculated_lines", "speculation_hits")} if rules.speculate else {}),
                                 **{f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()},
                                 **{f"gen_{k}": float(v) for k, v in getattr(gen, "timing", {}).items()}})
-    await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions), all at once
     return trajs, stats
 
 
