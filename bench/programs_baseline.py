@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from replrl.api import load_config
-from replrl.backends import close_generator, load_generator
+from replrl.backends import close_generator, open_generator
 from replrl.cli import run_script
+from replrl.evaluation import split_rows, task_from_config
 from replrl.policy import load_policy
 from replrl.rewards import SYNTAX_ERRORS, RewardModel
 from replrl.rollout import EpisodeRules, rollout, summarize
-from replrl.trainer import split_rows, task_from_config
 from replrl.types import Trajectory
 from replrl.viewer import load_jsonl, save_jsonl
 from sandbox import KernelPool, run_sync
@@ -117,7 +117,7 @@ def sample_waves(cfg: Any, task: Any, todo: list[tuple[int, dict]], done: list[T
     episodes.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(cfg.model, seed=seed)
-    generator = load_generator(cfg.model.backend, policy, tokenizer)
+    generator = open_generator(cfg.model, policy, tokenizer)
     print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
     pool = run_sync(KernelPool(size=wave, limits=cfg.rollout.limits(), tools=task.tools).start())

@@ -27,11 +27,11 @@ from typing import Any
 
 from replrl.api import load_config
 from replrl.cli import run_script
+from replrl.evaluation import split_rows, task_from_config
 from replrl.models import load_tokenizer
 from replrl.repl import ReplSession
 from replrl.rewards import RewardModel
 from replrl.rollout import EpisodeRules, encode, line_text, rollout
-from replrl.trainer import split_rows, task_from_config
 from replrl.types import LineSample, SamplingParams
 from sandbox import KernelPool
 

@@ -29,13 +29,12 @@ from typing import Any
 
 from replrl.advantages import batch_tensors, compute_advantages
 from replrl.api import load_config
-from replrl.backends import load_generator
+from replrl.backends import open_generator
 from replrl.cli import run_script
 from replrl.evaluation import split_rows, task_from_config
 from replrl.policy import load_policy
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, rollout
-from replrl.states import state_stats
+from replrl.rollout import EpisodeRules, rollout, state_stats
 from replrl.types import Trajectory
 from replrl.viewer import save_jsonl
 from sandbox import Kernel, KernelPool, Limits, run_sync
@@ -124,7 +123,7 @@ def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: 
     rows = list(enumerate(split_rows(task, cfg.task.train_split)))[:groups]
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(cfg.model, seed=seed)
-    generator = load_generator(cfg.model.backend, policy, tokenizer)
+    generator = open_generator(cfg.model, policy, tokenizer)
     load_s = time.perf_counter() - t0
     rules = EpisodeRules.from_config(cfg.rollout)
     size = min(groups * group_size, 16)

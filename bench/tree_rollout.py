@@ -34,16 +34,15 @@ import json
 import statistics
 import time
 
-from replrl.backends import load_generator
+from replrl.backends import open_generator
 from replrl.cli import run_script
 from replrl.config import Config
 from replrl.configlib import resolve
+from replrl.evaluation import task_from_config
 from replrl.policy import load_policy
 from replrl.repl import ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, rollout
-from replrl.trainer import task_from_config
-from replrl.tree import TreeShape
+from replrl.rollout import EpisodeRules, TreeShape, rollout
 from sandbox import KernelPool, run_sync
 
 
@@ -72,8 +71,9 @@ async def replay_ms_per_line(pool: KernelPool, trajs: list, n: int = 8) -> float
 
 
 def vllm_opts(backend: str) -> dict:
-    """Engine options for ``load_generator``: vLLM logs its statistics (the prefix-cache counters); none for hf."""
-    return {"engine_args": {"disable_log_stats": False}} if backend == "vllm" else {}
+    """Engine arguments ([model.vllm]) for ``open_generator``: vLLM logs its statistics (the prefix-cache counters);
+    none for hf."""
+    return {"disable_log_stats": False} if backend == "vllm" else {}
 
 
 def prefix_cache_counters(backend: str) -> tuple[int, int]:
@@ -123,7 +123,8 @@ def main() -> None:
     task = task_from_config(cfg)
     rows = [(i, task.rows(cfg.task.train_split)[i]) for i in range(args.problems)]
     model, tokenizer = load_policy(cfg.model, seed=0)
-    gen = load_generator(cfg.model.backend, model, tokenizer, **vllm_opts(cfg.model.backend))
+    cfg.model.vllm.update(vllm_opts(cfg.model.backend))
+    gen = open_generator(cfg.model, model, tokenizer)
     rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
     totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0, "lookups": 0, "hits": 0,
                   "forked": 0.0, "fork_s": 0.0}

@@ -94,29 +94,43 @@ def dataset_task(cfg: Config, train_dataset: Any, eval_dataset: Any = None) -> A
     return DatasetTask(data=datasets.DatasetDict(splits), **options)
 
 
-def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None,
-             samples_per_problem: int | None = None) -> dict[str, float]:
+def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None, samples_per_problem: int | None = None,
+             progress: Any = None) -> dict[str, float]:
     """Accuracy and per-line statistics on the first ``n`` problems of the held-out split, with the same sampling
     code as training (the numbers of ``replrl eval``), at ``cfg.run.eval_temperature``. ``cfg`` (task, rollout and
     run settings) defaults to the trainer's or run's own config, else ``Config()``. ``samples_per_problem`` (default
-    ``cfg.run.eval_samples``): k episodes a problem, and ``pass@k`` beside ``accuracy``."""
-    from .trainer import evaluate as evaluate_on
+    ``cfg.run.eval_samples``): k episodes a problem, and ``pass@k`` beside ``accuracy``. Scheduled reward weights
+    are those of the model's step (a Trainer's, a checkpoint's: ``checkpoint_step``; 0 for any other model).
+    ``progress``: a tqdm-like bar, updated per episode."""
+    from .evaluation import evaluate as evaluate_on
+    from .rewards import RewardModel
 
     with _policy(model, cfg) as (generator, task, cfg):
         k = samples_per_problem or cfg.run.eval_samples
+        step = model.step if isinstance(model, Trainer) else checkpoint_step(cfg.model.name)
         with _kernels(cfg, task, min(16, n * k)) as pool:
-            return evaluate_on(generator, pool, task, cfg, n, k)
+            return evaluate_on(generator, pool, task, cfg, n, k, progress=progress,
+                               rewards=RewardModel.from_config(cfg.rewards).at(step))
 
 
 def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
                     split: str | None = None) -> list[Trajectory]:
     """``n`` scored episodes without training (what ``replrl rollout`` writes): ``group_size`` per problem, problems
     taken in order from ``split`` (default ``cfg.task.eval_split``), sampled with ``cfg.rollout``'s settings."""
+    trajs, _ = rollout_episodes(model, n, cfg=cfg, group_size=group_size, split=split)
+    return trajs[:n]
+
+
+def rollout_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
+                     split: str | None = None, progress: Any = None) -> tuple[list[Trajectory], Any]:
+    """``sample_episodes`` with the rollout's statistics (``replrl.rollout.RolloutStats``): every episode of the
+    ceil(n / group_size) problems (so possibly more than ``n``), in waves of at most 16 kernels. ``progress``: a
+    tqdm-like bar, updated per episode."""
     from sandbox import run_sync
 
+    from .evaluation import split_rows
     from .rewards import RewardModel
-    from .rollout import EpisodeRules, rollout
-    from .trainer import split_rows
+    from .rollout import Env, EpisodeRules, rollout_in_waves
 
     if n < 1 or group_size < 1:
         raise ValueError("n and group_size must be >= 1")
@@ -124,28 +138,41 @@ def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None
         rows = split_rows(task, split or cfg.task.eval_split)
         if len(rows) == 0:
             raise ValueError(f"task {cfg.task.name!r} has no problems in split {split or cfg.task.eval_split!r}")
-        chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(-(-n // group_size))]
-        wave = max(1, min(16, n) // group_size)  # problems per wave: at most 16 kernels
-        rewards = RewardModel.from_config(cfg.rewards)
-        trajs: list[Trajectory] = []
+        n_problems = -(-n // group_size)
+        chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
+        wave = max(1, min(16, n_problems * group_size) // group_size)  # problems per wave: at most 16 kernels
         with _kernels(cfg, task, wave * group_size) as pool:
-            for start in range(0, len(chosen), wave):
-                part, _ = run_sync(rollout(generator, pool, task, chosen[start:start + wave], rewards,
-                                           cfg.rollout.sampling(), EpisodeRules.from_config(cfg.rollout),
-                                           group_size=group_size, chat_template=cfg.model.chat_template))
-                trajs += part
-    return trajs[:n]
+            env = Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout),
+                      RewardModel.from_config(cfg.rewards), chat_template=cfg.model.chat_template,
+                      chat_template_kwargs=cfg.model.chat_template_kwargs)
+            return run_sync(rollout_in_waves(env, chosen, cfg.rollout.sampling(), group_size, progress=progress))
+
+
+def checkpoint_step(model_path: str) -> int:
+    """The training step of a checkpoint's model directory (``.../step-000012/model``) or of a run's final model
+    (``RUN/model``), 0 for any other model: the step whose scheduled reward weights score it."""
+    import json
+
+    from .checkpoint import model_step
+
+    final = model_step(model_path)
+    if final is not None:
+        return final
+    try:
+        return int(json.loads((Path(model_path).parent / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 @contextlib.contextmanager
 def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, Config]]:
-    """(generator, task, config) for a Trainer, a run directory or a model spec. A generator made here is closed on
-    exit (a vLLM engine holds processes and GPU memory: a notebook that evaluates twice must not hold two); a
-    Trainer's stays open, it is the trainer's."""
+    """(generator, task, config) for a Trainer, a run directory or a model spec. A generator made here (with
+    ``backends.open_generator``: every [model] option) is closed on exit (a vLLM engine holds processes and GPU
+    memory: a notebook that evaluates twice must not hold two); a Trainer's stays open, it is the trainer's."""
     from . import checkpoint
-    from .backends import close_generator, load_generator
+    from .backends import close_generator, open_generator
+    from .evaluation import task_from_config
     from .policy import load_policy
-    from .trainer import task_from_config
 
     if isinstance(model, Trainer):
         cfg = cfg or model.cfg
@@ -159,8 +186,7 @@ def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, 
     if saved.exists():
         cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
     policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    generator = load_generator(cfg.model.backend, policy, tokenizer, sync_timeout_s=cfg.model.sync_timeout_s,
-                               gpu_memory_utilization=cfg.model.gpu_memory_utilization)
+    generator = open_generator(cfg.model, policy, tokenizer)
     try:
         yield generator, task_from_config(cfg), cfg
     finally:

@@ -58,6 +58,10 @@ class ModelConfig:
     """auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     chat_template: bool = True
     """Wrap the task header in the tokenizer's chat template when it has one (else plain text)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the tokenizer's chat template, as a [model.chat_template_kwargs] table, e.g.
+    {enable_thinking = false} for Qwen3: every prompt an episode builds gets them (training, held-out evaluation,
+    replrl eval and rollout, the API)."""
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank (needs peft) instead of all weights."""
     backend: str = "hf"
@@ -129,6 +133,9 @@ class ModelConfig:
             raise ConfigError("model.load_in_4bit: the vllm backend cannot take 4-bit weights from the trainer; use "
                               "backend = hf with QLoRA")
         check_vllm_table(self.vllm)
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise ConfigError("model.chat_template_kwargs must be a table of the chat template's keyword arguments; "
+                              f"got {self.chat_template_kwargs!r}")
 
 
 @dataclass

@@ -14,7 +14,7 @@ estimators normalise within a group of any size and the loss averages over whate
 trains as an ordinary, smaller GRPO group. (A group of one leaf compares with nothing: never a contrast.) The figures
 count the episodes a group really has (``WaveRecord.episodes``).
 
-The trainer runs the waves (it owns the problem stream, the sampler and the ranks); this module holds the pure
+``replrl/draw.py`` runs the waves (with the problem stream, the sampler and the ranks); this module holds the pure
 parts: which reward is compared (``CONTRAST_SIGNALS``), whether a group has a contrast, which groups a step keeps,
 and the step's figures.
 """
@@ -23,12 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .types import Trajectory
-
-if TYPE_CHECKING:  # config.py imports this module to check the signal's name: no torch, no sandbox at that point
-    from .rollout import RolloutStats
 
 CONTRAST_TOL = 1e-6
 """Rewards closer than this count as equal (float sums of the same terms can differ in the last bit, and a
@@ -76,18 +72,6 @@ def group_has_contrast(group: Sequence[Trajectory], signal: str = "outcome") -> 
     """``has_contrast`` over one group's episodes, comparing the named signal."""
     fn = CONTRAST_SIGNALS[signal]
     return has_contrast([fn(t) for t in group])
-
-
-def split_by_group(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
-    """Episodes of one rollout call (grouped in order, ``traj.group`` set: flat episodes or tree leaves) -> one list
-    per group, split where the group id changes: a tree group may hold fewer leaves than ``group_size``, so a fixed
-    stride of ``group_size`` episodes would cut across groups."""
-    groups: list[list[Trajectory]] = []
-    for t in trajs:
-        if not groups or groups[-1][0].group != t.group:
-            groups.append([])
-        groups[-1].append(t)
-    return groups
 
 
 def select_groups(contrast: Sequence[bool], want: int, at_least: int = 1) -> list[int]:
@@ -148,19 +132,12 @@ def wave_metrics(waves: Sequence[WaveRecord], kept: Sequence[int], group_size: i
     return out
 
 
-def merge_wave_stats(waves: Sequence[tuple[RolloutStats, int]]) -> RolloutStats:
-    """The rollout statistics of a step's waves, ``(stats, episodes)`` each, as one rollout's: times and counts add
-    up, the backends' maxima (``gen_max_*``) take the largest, and the tree's figures are merged by
-    ``tree.merge_tree_figures`` (counts summed, ratios weighted by what they are a mean over)."""
-    from .rollout import RolloutStats
-    from .tree import merge_tree_figures
+def __getattr__(name: str) -> object:
+    """``split_by_group`` and ``merge_wave_stats`` moved to the rollout wing (``replrl/rollout/groups.py``,
+    ``replrl/rollout/stats.py``); imported from here, they are found there (lazily: config.py imports this module
+    before torch and the sandbox are wanted)."""
+    if name in ("split_by_group", "merge_wave_stats"):
+        from . import rollout
 
-    out = RolloutStats()
-    for stats, _ in waves:
-        out = out.merge(stats)
-    extra = out.extra
-    for k in extra:
-        if k.startswith("gen_max_"):
-            extra[k] = max(s.extra.get(k, 0.0) for s, _ in waves)
-    extra.update(merge_tree_figures([(s.extra, n) for s, n in waves]))
-    return out
+        return getattr(rollout, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -116,7 +116,7 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
                 raise EvaluationStopped(start // chunk, total)
             part, _ = run_sync(rollout(generator, pool, task, wave, rewards, sampling, rules,
                                        group_size=samples_per_problem, chat_template=cfg.model.chat_template,
-                                       progress=progress))
+                                       progress=progress, chat_template_kwargs=cfg.model.chat_template_kwargs))
             if waves is not None:
                 waves.add(key, part)
         trajs += part

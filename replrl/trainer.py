@@ -1,9 +1,9 @@
 """The GRPO trainer. One step = numbered stages mirroring the data flow:
 
-    1. sample problems          (a seeded permutation of the training split; the position is checkpointed)
-    2. group rollouts           (group_size episodes per problem, all at once: rollout.py)
-       (tree.branch_at: each group is a tree whose leaves are its episodes: tree.py)
-       (rollout.dynamic_sampling: 1-2 in waves until enough groups have a contrast: dynamic_sampling.py)
+    1. sample problems          (a seeded permutation of the training split; the position is checkpointed: draw.py)
+    2. group rollouts           (group_size episodes per problem, all at once: draw.py -> rollout/groups.py)
+       (tree.branch_at: each group is a tree whose leaves are its episodes: rollout/tree.py)
+       (rollout.dynamic_sampling: 1-2 in waves until enough groups have a contrast: draw.py, dynamic_sampling.py)
     3. rewards                  (per line, attached during the rollout: rewards.py; totals per episode here)
     4. advantages               (outcome or per-line estimator: advantages.py)
     5. loss and optimizer steps (clipped surrogate: loss.py; epochs x minibatches x micro-batches)
@@ -43,20 +43,12 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import close_generator, load_generator, sleep_generator, vllm_engine_args, wake_generator
+from .backends import close_generator, open_generator, sleep_generator, wake_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
-from .dynamic_sampling import (
-    WAVE_SEED_STRIDE,
-    WaveRecord,
-    group_has_contrast,
-    merge_wave_stats,
-    screening_wave,
-    select_groups,
-    split_by_group,
-    wave_metrics,
-)
+from .draw import ProblemStream, Ranks, draw_step
+from .dynamic_sampling import WAVE_SEED_STRIDE, group_has_contrast
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
 from .loss import TokenScorer, grpo_loss, masked_mean
 from .metrics import EvalWaves, MetricsWriter, check_trackers, open_trackers
@@ -70,8 +62,7 @@ from .policy import (
 )
 from .provenance import record_environment
 from .rewards import RewardModel
-from .rollout import EpisodeRules, RolloutStats, rollout, summarize
-from .tree import TreeShape, merge_tree_figures
+from .rollout import Env, EpisodeRules, TreeShape, summarize
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
@@ -131,25 +122,6 @@ class StepResult:
     step: int
     metrics: dict[str, float]
     trajectories: list[Trajectory]
-
-
-class ProblemStream:
-    """Training problems in a seeded order, reshuffled every pass; ``position`` is all the state there is."""
-
-    def __init__(self, rows: Any, seed: int, position: int = 0):
-        self.rows, self.seed, self.position = rows, seed, position
-        if len(rows) == 0:
-            raise ConfigError("the training split has no problems")
-
-    def take(self, n: int) -> list[tuple[int, dict]]:
-        out = []
-        for _ in range(n):
-            epoch, k = divmod(self.position, len(self.rows))
-            order = list(range(len(self.rows)))
-            random.Random(self.seed * 100003 + epoch).shuffle(order)
-            out.append((order[k], self.rows[order[k]]))
-            self.position += 1
-        return out
 
 
 class HeldOut(NamedTuple):
@@ -259,12 +231,8 @@ class Trainer:
         sum over ranks is the minibatch's loss: scaled by the number of ranks, the average is that sum."""
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
-        self.generator = load_generator(cfg.model.backend, self.model, self.tokenizer,
-                                        device=self.accelerator.device, sync_timeout_s=cfg.model.sync_timeout_s,
-                                        sync_transport=cfg.model.sync_transport,
-                                        gpu_memory_utilization=cfg.model.gpu_memory_utilization,
-                                        max_rows=cfg.rollout.group_size * self._local_problems(),
-                                        engine_args=vllm_engine_args(cfg.model))
+        self.generator = open_generator(cfg.model, self.model, self.tokenizer, device=self.accelerator.device,
+                                        max_rows=cfg.rollout.group_size * self._local_problems())
         if cfg.model.vllm_sleep and not hasattr(self.generator, "engine"):
             raise ConfigError(f"model.vllm_sleep puts vLLM's engine to sleep during the update; the backend here is "
                               f"{type(self.generator).__name__}: set model.backend = vllm or vllm_sleep = false")
@@ -275,6 +243,7 @@ class Trainer:
         self.pad_id = self.generator.pad_id
         self.step = 0
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
+        self.ranks = Ranks(self.rank, self.world, self.accelerator.device)
         self._resumed = resume
         if resume:
             self._resume()
@@ -504,20 +473,13 @@ class Trainer:
         rewards = self.rewards.at(self.step)  # scheduled weights: those of this step
         self.model.eval()  # the policy samples in eval mode, without gradients
         boots = pool.boots_while_busy
-        if cfg.rollout.dynamic_sampling:  # 1-2 in waves, until the step holds enough groups with a contrast
-            trajs, groups, stats, wave_stats = self._rollout_waves(pool, rewards)
-        else:
-            # 1. sample problems (every rank draws the same ones and keeps its share: whole groups stay on one rank)
-            problems = self.problems.take(cfg.rollout.problems_per_step)[self.rank::self.world]
-            # 2. group rollouts (a tree's group is its leaves: group_size of them, or fewer when it fell short)
-            trajs, stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards, self.sampling,
-                                            self.rules, group_size=cfg.rollout.group_size,
-                                            chat_template=cfg.model.chat_template, tree=self.tree))
-            groups, wave_stats = gather_object(split_by_group(trajs)) if self.world > 1 else split_by_group(trajs), {}
+        # 1-2. problems and group rollouts (flat, trees, or dynamic sampling's waves): draw.py
+        env = Env(self.generator, pool, self.task, self.rules, rewards, chat_template=cfg.model.chat_template,
+                  chat_template_kwargs=cfg.model.chat_template_kwargs)
+        drawn = draw_step(env, self.problems, cfg.rollout, self.tree, self.wave_sampling, self.ranks, self.step,
+                          stop=lambda: self._stop)
+        trajs, groups, stats, wave_stats = drawn.mine, drawn.groups, drawn.stats, drawn.figures
         every_rank = [t for g in groups for t in g]  # every group of every rank, in the order drawn
-        if self.world > 1 and self.tree.on:  # the tree/ figures of every rank's trees, not this rank's alone
-            mine = {k: v for k, v in stats.extra.items() if k.startswith("tree/")}
-            stats.extra.update(merge_tree_figures(gather_object([(mine, int(mine.get("tree/leaves", 0)))])))
         t_rollout = time.perf_counter() - t_step
         boots = pool.boots_while_busy - boots  # kernels that booted beside the rollout (idle refill: only when short)
         # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
@@ -570,88 +532,6 @@ class Trainer:
         if self.main and cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
             self.metrics.samples(self.step, [g[0] for g in groups[:2]])
         return StepResult(self.step, metrics, trajs)
-
-    def _rollout_waves(self, pool: KernelPool, rewards: RewardModel) -> tuple[list[Trajectory],
-                                                                               list[list[Trajectory]],
-                                                                               RolloutStats, dict[str, float]]:
-        """Stages 1-2 under dynamic sampling: waves of problems_per_step problems (each rank rolls out its share, as
-        without it) until problems_per_step groups have a contrast or the bound is spent. Every rank sees every
-        group (gathered), so all decide alike; the kept groups are then dealt to the ranks whole, in the order
-        drawn. A group is a problem's episodes, or its tree's leaves (possibly fewer than group_size: kept with
-        the leaves it has, see dynamic_sampling.py). Returns (this rank's episodes to train on, every group drawn,
-        this rank's rollout stats over the waves, dynsamp/ figures)."""
-        cfg = self.cfg.rollout
-        G, want, probe = cfg.group_size, cfg.problems_per_step, cfg.dynamic_sampling_probe
-        per_wave = screening_wave(want, G, probe)  # problems a wave draws (more, with a probe of fewer episodes)
-        drawn: list[list[Trajectory]] = []  # every group of every wave, over all ranks, in stream order
-        problems_drawn: list[tuple[int, dict]] = []  # their problems (every rank draws them all), same order
-        waves: list[WaveRecord] = []
-        parts: list[tuple[RolloutStats, int]] = []  # each wave's rollout stats on this rank, and its episodes
-        while True:
-            t0 = time.perf_counter()
-            problems_drawn += self.problems.take(per_wave)
-            problems = problems_drawn[-per_wave:][self.rank::self.world]
-            trajs, wave_stats = run_sync(rollout(self.generator, pool, self.task, problems, rewards,
-                                                 self.wave_sampling(len(waves)), self.rules, group_size=probe or G,
-                                                 chat_template=self.cfg.model.chat_template, tree=self.tree))
-            parts.append((wave_stats, len(trajs)))
-            local_groups = split_by_group(trajs)
-            assert len(local_groups) == len(problems), "every problem has a group (a tree has at least its roots)"
-            # local group g is problem rank + g * world of the wave
-            mine = [(self.rank + g * self.world, group) for g, group in enumerate(local_groups)]
-            groups = [group for _, group in sorted(gather_object(mine) if self.world > 1 else mine,
-                                                   key=lambda x: x[0])]
-            drawn += groups
-            waves.append(WaveRecord([group_has_contrast(g, cfg.dynamic_sampling_signal) for g in groups],
-                                    time.perf_counter() - t0, [len(g) for g in groups]))
-            enough = sum(c for w in waves for c in w.contrast) >= want
-            bound = len(waves) > cfg.dynamic_sampling_extra_waves
-            if enough or bound or self._any_rank(self._stop):  # Ctrl-C: train on what the step holds
-                break
-        contrast = [c for w in waves for c in w.contrast]
-        kept = select_groups(contrast, want, at_least=self.world)
-        if bound and not enough and self.main:
-            log.info("step %d: %d of %d groups with a contrast after %d waves (the bound); training on those",
-                     self.step + 1, sum(contrast), want, len(waves))
-        completion, completion_s = None, 0.0
-        if probe:  # screening: this rank completes the probes it trains on (those with a contrast) to G episodes
-            completion, completion_s = self._complete_probes(pool, rewards, drawn, problems_drawn, kept, contrast,
-                                                             len(waves), parts)
-        mine_kept = [drawn[i] for j, i in enumerate(kept) if j % self.world == self.rank]
-        for k, group in enumerate(mine_kept):  # group ids of this rank's batch (the advantage normalises within them)
-            for t in group:
-                t.group = k
-        local = [t for group in mine_kept for t in group]
-        figures = wave_metrics(waves, kept, G, bound_reached=bound and not enough, completion=completion,
-                               completion_s=completion_s)
-        return local, drawn, merge_wave_stats(parts), figures
-
-    def _complete_probes(self, pool: KernelPool, rewards: RewardModel, drawn: list[list[Trajectory]],
-                         problems_drawn: list[tuple[int, dict]], kept: list[int], contrast: list[bool], wave: int,
-                         parts: list[tuple[RolloutStats, int]]) -> tuple[dict[int, int], float]:
-        """Screening's last stage: each kept probe with a contrast gets group_size - probe more episodes, rolled out
-        by the rank that trains on it, sampled with the seed of wave ``wave`` (the one after the last screening
-        wave: new draws), and appended to its group in ``drawn`` on every rank. A kept probe without a contrast (a
-        stand-in when the bound was reached) stays as it is: it adds no gradient either way. Returns the episodes
-        added per group index (over all ranks) and this rank's wall time for them; adds its stats to ``parts``."""
-        cfg, t0 = self.cfg.rollout, time.perf_counter()
-        mine = [i for j, i in enumerate(kept) if j % self.world == self.rank and contrast[i]]
-        more: list[list[Trajectory]] = []
-        if mine:
-            trajs, stats = run_sync(rollout(self.generator, pool, self.task, [problems_drawn[i] for i in mine],
-                                            rewards, self.wave_sampling(wave), self.rules,
-                                            group_size=cfg.group_size - cfg.dynamic_sampling_probe,
-                                            chat_template=self.cfg.model.chat_template))
-            parts.append((stats, len(trajs)))
-            more = split_by_group(trajs)
-        added = list(zip(mine, more, strict=True))
-        if self.world > 1:
-            added = gather_object(added)
-        for i, group in added:
-            for t in group:
-                t.group = drawn[i][0].group
-            drawn[i] = drawn[i] + group
-        return {i: len(group) for i, group in added}, time.perf_counter() - t0
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
         """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""

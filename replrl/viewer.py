@@ -26,8 +26,144 @@ def _span(text: str, style: str) -> str:
     return f'<span style="{style}">{html.escape(text)}</span>' if text else ""
 
 
-def trajectory_html(t: Trajectory, show_prompt: bool = False) -> str:
-    """The episode's transcript as HTML (the prompt collapsed unless ``show_prompt``)."""
+BANNER_END = 'Type "help", "copyright", "credits" or "license" for more information.\n'
+"""The banner's last line (its first names the Python version, which differs between machines): the prompt ends
+right after it, with the first ``>>>``."""
+
+Segment = tuple[str, str, Any]
+"""(kind, text, line): kind is "head" (the prompt before the banner's end), "prompt" (a ``>>>``/``...`` the
+environment printed), "model" (a line's sampled text; ``line`` is its Line) or "env" (what the interpreter printed)."""
+
+
+def segments(t: Trajectory, tokenizer: Any = None) -> list[Segment] | None:
+    """The transcript cut into what the prompt, the model and the interpreter wrote. With ``tokenizer``, from the
+    token spans (``Line.token_span``; everything else in ``token_ids`` is the environment's): exact. Without, from
+    the lines' own record (the prompt each line was typed at, its code, its output) read along ``t.text`` from the
+    banner on; None where the text does not follow them (an episode recorded otherwise)."""
+    if tokenizer is not None:
+        return _segments_from_tokens(t, tokenizer)
+    return _segments_from_lines(t)
+
+
+def _split_prompt(text: str, prompt: str) -> list[Segment]:
+    """``text`` (the environment's, ending with ``prompt`` where it does) as env then prompt segments."""
+    if prompt and text.endswith(prompt):
+        return [("env", text[:-len(prompt)], None), ("prompt", prompt, None)]
+    return [("env", text, None)]
+
+
+def _head(text: str) -> list[Segment]:
+    """The prompt: the header and the banner (collapsed), then the first ``>>>`` (shown)."""
+    end = text.rfind(BANNER_END)
+    cut = end + len(BANNER_END) if end >= 0 else len(text)
+    return [("head", text[:cut], None), ("prompt", text[cut:], None)]
+
+
+def _heal(prompt: str) -> str:
+    """``rollout.transcript.heal`` (the prompt as the environment emits it), here without importing the rollout."""
+    return prompt[:-1] if prompt.endswith(" ") else prompt
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    """``rollout.transcript.decode``: the text of ``ids`` as sampled."""
+    return tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
+
+def _segments_from_tokens(t: Trajectory, tokenizer: Any) -> list[Segment]:
+    ids, cursor = t.token_ids, t.prompt_len
+    out = _head(_decode(tokenizer, ids[:t.prompt_len]))
+    for k, line in enumerate(t.lines):
+        start, end = line.token_span
+        if k:  # the interpreter's answer to the line before, and this line's prompt
+            out += _split_prompt(_decode(tokenizer, ids[cursor:start]), _heal(line.prompt))
+        out.append(("model", _decode(tokenizer, ids[start:end]), line))
+        cursor = end
+    if cursor < len(ids):
+        out.append(("env", _decode(tokenizer, ids[cursor:]), None))
+    return out
+
+
+def _segments_from_lines(t: Trajectory) -> list[Segment] | None:
+    text, lines = t.text, t.lines
+    banner = text.find(BANNER_END)
+    if banner < 0:
+        return None
+    pos = banner + len(BANNER_END)
+    out: list[Segment] = [("head", text[:pos], None)]
+    for k, line in enumerate(lines):
+        prompt = _heal(line.prompt)
+        if not text.startswith(prompt, pos):
+            return None
+        out.append(("prompt", prompt, None))
+        pos += len(prompt)
+        if k == len(lines) - 1:  # the episode ended at its last line: no interpreter tokens after it
+            out.append(("model", text[pos:], line))
+            return out
+        model = next((m for m in (" " + line.code + "\n", line.code + "\n") if text.startswith(m, pos)), None)
+        if model is None:
+            return None
+        out.append(("model", model, line))
+        pos += len(model)
+        nxt = _heal(lines[k + 1].prompt)
+        if text.startswith(line.output + nxt, pos):  # what the line printed, as recorded
+            end = pos + len(line.output)
+        else:  # cut to the output limit: up to the next line's prompt and text
+            starts = [text.find(nxt + m, pos) for m in (" " + lines[k + 1].code, lines[k + 1].code)]
+            end = min((s for s in starts if s >= 0), default=-1)
+            if end < 0:
+                return None
+        out.append(("env", text[pos:end], None))
+        pos = end
+    if pos < len(text):
+        out.append(("env", text[pos:], None))
+    return out
+
+
+def _badge(line: Any) -> str:
+    """A line's status and reward terms, where there is something to say: not for a line that ran ("ok") with no
+    reward, nor for an empty line at ``>>>`` (Enter at the prompt: nothing to run, as in Python)."""
+    terms = ", ".join(f"{k} {v:+.2f}" for k, v in line.rewards.items() if v)
+    enter = line.status == "incomplete" and not line.code.strip() and line.prompt.startswith(">>>")
+    if (line.status == "ok" or enter) and not terms:
+        return ""
+    what = "" if enter else line.status + (": " + html.escape(line.error_name) if line.error_name else "")
+    return (f' <span style="color:{STATUS.get(line.status, "#000")}; font-weight: normal; font-size: 10px">'
+            f'[{what}{"; " if what and terms else ""}{terms}]</span>')
+
+
+def trajectory_html(t: Trajectory, show_prompt: bool = False, tokenizer: Any = None) -> str:
+    """The episode's transcript as HTML (the prompt collapsed unless ``show_prompt``), cut by ``segments``
+    (``tokenizer``: from the token spans)."""
+    parts = segments(t, tokenizer)
+    if parts is None:
+        return _searched_html(t, show_prompt)
+    pieces = []
+    for kind, text, line in parts:
+        if kind == "head":
+            pieces.append(_span(text, PROMPT) if show_prompt else
+                          f"<details><summary>prompt</summary>{_span(text, PROMPT)}</details>")
+        elif kind == "prompt":
+            pieces.append(_span(text, PROMPT))
+        elif kind == "env":
+            pieces.append(_span(text, ENV))
+        else:
+            body = text[:-1] if text.endswith("\n") else text
+            pieces.append(_span(body, MODEL) + _badge(line) + text[len(body):])
+    return _framed(t, pieces)
+
+
+def _framed(t: Trajectory, pieces: list[str]) -> str:
+    outcome = ", ".join(f"{k} {v:+.2f}" for k, v in t.outcome_rewards.items())
+    header = (f"<b>{html.escape(t.task)} row {t.row}</b> · end: {html.escape(t.end_reason)} · answer: "
+              f"{html.escape(repr(t.answer))} · {'✔' if t.correct else '✘'} · reward {t.reward:+.2f} ({outcome})"
+              + (f" · data loaded by the task's setup ({t.timing['setup_s']:.1f} s, not shown)"
+                 if t.timing.get("setup_s") else ""))
+    return f'<div>{header}<div style="{STYLE}">{"".join(pieces)}</div></div>'
+
+
+def _searched_html(t: Trajectory, show_prompt: bool = False) -> str:
+    """The transcript of an episode whose text does not follow its lines' record (see ``segments``): each line
+    placed where its code is next found in the text."""
     pieces, cursor = [], 0
     for line in t.lines:
         unended = line is t.lines[-1] and t.end_reason in ("eos", "overlong_line")  # no newline was sampled
@@ -43,19 +179,10 @@ def trajectory_html(t: Trajectory, show_prompt: bool = False) -> str:
             pieces.append(_span(sep[1:] + banner_tail, PROMPT) if not show_prompt else "")
         else:
             pieces.append(_span(before, ENV))
-        terms = ", ".join(f"{k} {v:+.2f}" for k, v in line.rewards.items() if v)
-        badge = (f' <span style="color:{STATUS.get(line.status, "#000")}; font-weight: normal; font-size: 10px">'
-                 f'[{line.status}{": " + html.escape(line.error_name) if line.error_name else ""}'
-                 f'{"; " + terms if terms else ""}]</span>') if line.status != "ok" or terms else ""
-        pieces.append(_span(piece.rstrip("\n"), MODEL) + badge + ("\n" if piece.endswith("\n") else ""))
+        pieces.append(_span(piece.rstrip("\n"), MODEL) + _badge(line) + ("\n" if piece.endswith("\n") else ""))
         cursor = at + len(piece)
     pieces.append(_span(t.text[cursor:], ENV))
-    outcome = ", ".join(f"{k} {v:+.2f}" for k, v in t.outcome_rewards.items())
-    header = (f"<b>{html.escape(t.task)} row {t.row}</b> · end: {html.escape(t.end_reason)} · answer: "
-              f"{html.escape(repr(t.answer))} · {'✔' if t.correct else '✘'} · reward {t.reward:+.2f} ({outcome})"
-              + (f" · data loaded by the task's setup ({t.timing['setup_s']:.1f} s, not shown)"
-                 if t.timing.get("setup_s") else ""))
-    return f'<div>{header}<div style="{STYLE}">{"".join(pieces)}</div></div>'
+    return _framed(t, pieces)
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:
@@ -76,16 +203,18 @@ def save_jsonl(trajs: Iterable[Trajectory], path: str | Path) -> Path:
     return path
 
 
-def many_html(trajs: Iterable[Trajectory], show_prompt: bool = False) -> str:
-    return "<br>".join(trajectory_html(t, show_prompt) for t in trajs)
+def many_html(trajs: Iterable[Trajectory], show_prompt: bool = False, tokenizer: Any = None) -> str:
+    return "<br>".join(trajectory_html(t, show_prompt, tokenizer) for t in trajs)
 
 
-def show(trajs: Trajectory | Iterable[Trajectory], limit: int = 8, show_prompt: bool = False) -> Any:
-    """The first ``limit`` transcripts as one HTML object: the last expression of a notebook cell renders it."""
+def show(trajs: Trajectory | Iterable[Trajectory], limit: int = 8, show_prompt: bool = False,
+         tokenizer: Any = None) -> Any:
+    """The first ``limit`` transcripts as one HTML object: the last expression of a notebook cell renders it.
+    ``tokenizer`` (the policy's): cut each transcript by its token spans (see ``segments``)."""
     from IPython.display import HTML
 
     trajs = [trajs] if isinstance(trajs, Trajectory) else list(trajs)
-    return HTML(many_html(trajs[:limit], show_prompt))
+    return HTML(many_html(trajs[:limit], show_prompt, tokenizer))
 
 
 class LiveCurve:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import replrl.backends
+import replrl.evaluation
 import replrl.trainer
 from replrl import api
 from replrl.trainer import Trainer
@@ -39,7 +40,7 @@ def test_a_generator_the_api_loads_is_closed_and_a_trainer_s_is_not(
     scores = api.evaluate(str(format_model_dir), n=2, cfg=cfg)
     assert scores["episodes"] == 2 and len(closed) == 2 and closed[0] is not closed[1]  # each call its own, closed
     with monkeypatch.context() as m, pytest.raises(ValueError, match="no problems in split"):  # closed on an error
-        m.setattr(replrl.trainer, "split_rows", lambda task, split: [])  # a split without problems
+        m.setattr(replrl.evaluation, "split_rows", lambda task, split: [])  # a split without problems
         api.sample_episodes(str(format_model_dir), n=2, cfg=cfg)
     assert len(closed) == 3
 

@@ -84,8 +84,13 @@ def test_a_local_file_with_a_column_map_sliced_into_train_and_eval(tmp_path, suf
     assert task.answer_of(row) == 4 and task.check(row, "4") and task.check(row, 4.0) and not task.check(row, 5)
     assert task.header(row) == ("Solve the problem using the Python REPL below. Compute the answer with Python, "
                                 "then call submit(answer) with the final answer.\n\nProblem: What is 2 + 2?")
+    # unsliced, the file holds out its first rows as "test" (at most a tenth: 1 of 10) and trains on the others
+    assert [r["problem"] for r in task.rows("test")] == ["What is 0 + 0?"]
+    assert len(task.rows("train")) == 9 and task.rows("train")[0]["problem"] == "What is 1 + 1?"
+    no_holdout = DatasetTask(data=str(path), columns={"question": "problem", "answer": "solution"}, holdout=0)
+    assert len(no_holdout.rows("train")) == 10
     with pytest.raises(TaskError, match=r"is one file with one split, 'train', and has no split 'test': slice it"):
-        task.rows("test")
+        no_holdout.rows("test")
 
 
 def test_python_data_data_columns_a_system_prompt_and_the_exact_checker(tmp_path):

@@ -1,4 +1,5 @@
-"""Generation backends behind the Generator protocol (see base.py), picked by name: ``load_generator("vllm", ...)``.
+"""Generation backends behind the Generator protocol (see base.py), picked by name: ``load_generator("vllm", ...)``;
+``open_generator(cfg.model, model, tokenizer)`` opens the one a config asks for, with all of [model]'s options.
 
 hf.py is the transformers one (KV cache per row, packed steps, samples from the training module itself); vllm.py
 is vLLM's async engine (prefix caching, weights copied in by ``sync_weights``). Backend modules are imported only
@@ -70,6 +71,25 @@ def load_generator(name: str, model: Any, tokenizer: Any, **opts: Any) -> Genera
     return cls(model, tokenizer, **{k: v for k, v in opts.items() if k in declared})
 
 
+def open_generator(model_cfg: Any, model: Any, tokenizer: Any, *, device: Any = None, max_rows: int | None = None,
+                   **opts: Any) -> Generator:
+    """The Generator a ``ModelConfig`` ([model]) asks for, over ``model`` and ``tokenizer``: the one place where
+    [model]'s options reach a backend, for every door (the Trainer, ``replrl.evaluate``/``sample_episodes``,
+    ``replrl eval``/``rollout``, bench/): ``backend``, ``device``, ``sync_timeout_s``, ``sync_transport``,
+    ``gpu_memory_utilization``, and the engine arguments of ``vllm_engine_args`` ([model.vllm], ``compute_dtype``,
+    ``vllm_sleep``).
+
+    ``device``: where to sample (the Trainer's accelerator device); None: ``model_cfg.device``, whose ``auto`` leaves
+    the choice to the backend. ``max_rows``: the most episodes sampled at once (vLLM sizes its engine for them).
+    ``opts``: further constructor options (a bench's), dropped where the backend does not declare them."""
+    if device is None and model_cfg.device != "auto":
+        device = model_cfg.device
+    return load_generator(model_cfg.backend, model, tokenizer, device=device, sync_timeout_s=model_cfg.sync_timeout_s,
+                          sync_transport=model_cfg.sync_transport,
+                          gpu_memory_utilization=model_cfg.gpu_memory_utilization, max_rows=max_rows,
+                          engine_args=vllm_engine_args(model_cfg), **opts)
+
+
 def close_generator(generator: Any) -> None:
     """Release what a generator holds (vLLM: the engine's processes, its config directory, the shared weights; HF:
     nothing). A command calls it when it is done, so the engine shuts down while the interpreter still runs: left to
@@ -81,7 +101,7 @@ def close_generator(generator: Any) -> None:
 
 __all__ = ["BACKENDS", "VLLM_OWNED_ARGS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class",
            "check_vllm_table", "close_generator", "eos_ids", "line_end_ids", "line_starts", "load_generator",
-           "newline_banned_mask", "sampling_logprobs", "token_masks", "vllm_engine_args"]
+           "newline_banned_mask", "open_generator", "sampling_logprobs", "token_masks", "vllm_engine_args"]
 
 
 def vllm_engine_args(cfg: Any, known: set[str] | None = None) -> dict[str, Any]:

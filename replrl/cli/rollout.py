@@ -41,53 +41,20 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``replrl rollout``: a shell over ``replrl.api.rollout_episodes``."""
     from tqdm.auto import tqdm
 
-    from sandbox import KernelPool, run_sync
-
-    from .. import checkpoint
-    from ..backends import close_generator, load_generator
-    from ..policy import load_policy
-    from ..rewards import RewardModel
-    from ..rollout import EpisodeRules, rollout, summarize
-    from ..trainer import task_from_config
+    from ..api import rollout_episodes
+    from ..rollout import summarize
 
     cfg = config_from_args(args)
     if args.n < 1 or args.group_size < 1:
         raise ValueError("--n and --group-size must be >= 1")
     cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
-    task = task_from_config(cfg)
-    rows = task.rows(args.split or cfg.task.eval_split)
     n_problems = -(-args.n // args.group_size)
-    if len(rows) == 0:
-        raise ValueError(f"task {cfg.task.name!r} has no problems in that split")
-    chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
-    cfg.model.name = checkpoint.model_of(cfg.model.name)
-    model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    generator = load_generator(cfg.model.backend, model, tokenizer, sync_timeout_s=cfg.model.sync_timeout_s,
-                               gpu_memory_utilization=cfg.model.gpu_memory_utilization)
-    rules = EpisodeRules.from_config(cfg.rollout)
-    bar = tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr)
-
-    wave = max(1, min(16, n_problems * args.group_size) // args.group_size)  # problems per wave: kernels stay warm
-
-    async def go():
-        trajs, stats = [], None
-        async with KernelPool(size=wave * args.group_size, limits=cfg.rollout.limits(), tools=task.tools) as pool:
-            for start in range(0, len(chosen), wave):
-                rewards = RewardModel.from_config(cfg.rewards)
-                part, st = await rollout(generator, pool, task, chosen[start:start + wave], rewards,
-                                         cfg.rollout.sampling(), rules, group_size=args.group_size,
-                                         chat_template=cfg.model.chat_template, progress=bar)
-                trajs += part
-                stats = st if stats is None else stats.merge(st)
-        return trajs, stats
-
-    try:
-        trajs, stats = run_sync(go())
-    finally:
-        close_generator(generator)
-    bar.close()
+    with tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr) as bar:
+        trajs, stats = rollout_episodes(cfg.model.name, args.n, cfg=cfg, group_size=args.group_size,
+                                        split=args.split, progress=bar)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:

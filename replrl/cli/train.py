@@ -137,13 +137,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from sandbox import KernelPool, run_sync
+    """``replrl eval``: a shell over ``replrl.api.evaluate`` (scheduled reward weights at the checkpoint's step)."""
+    from tqdm.auto import tqdm
 
     from .. import checkpoint
-    from ..backends import close_generator, load_generator
-    from ..policy import load_policy
-    from ..rewards import RewardModel
-    from ..trainer import evaluate, task_from_config
+    from ..api import evaluate
     from .rollout import format_summary
 
     overrides = overrides_from_args(args)
@@ -156,47 +154,17 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     cfg.model.name = checkpoint.model_of(args.model)
     cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
-    step = _checkpoint_step(cfg.model.name)  # scheduled reward weights are scored at the checkpoint's step
-    model, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    task = task_from_config(cfg)
     samples = cfg.run.eval_samples if args.samples is None else args.samples
     if samples < 1:
         raise ConfigError(f"--samples must be >= 1; got {samples}")
-
-    from tqdm.auto import tqdm
-
-    pool = run_sync(KernelPool(size=min(16, args.n * samples), limits=cfg.rollout.limits(),
-                               tools=task.tools).start())
-    try:
-        with tqdm(total=args.n * samples, desc="eval", unit="episode", file=sys.stderr) as bar:
-            generator = load_generator(cfg.model.backend, model, tokenizer)
-            try:
-                summary = evaluate(generator, pool, task, cfg, args.n, samples, progress=bar,
-                                   rewards=RewardModel.from_config(cfg.rewards).at(step))
-            finally:
-                close_generator(generator)
-    finally:
-        run_sync(pool.close())
+    with tqdm(total=args.n * samples, desc="eval", unit="episode", file=sys.stderr) as bar:
+        summary = evaluate(cfg.model.name, args.n, cfg=cfg, samples_per_problem=samples, progress=bar)
     print(format_summary(summary))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: round(v, 4) for k, v in summary.items()}))
     return 0
-
-
-def _checkpoint_step(model_path: str) -> int:
-    """The training step of a checkpoint's model directory (``.../step-000012/model``) or of a run's final model
-    (``RUN/model``), 0 for any other model."""
-    from ..checkpoint import model_step
-
-    final = model_step(model_path)
-    if final is not None:
-        return final
-    try:
-        return int(json.loads((Path(model_path).parent / "state.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
 
 
 def run_plot(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ columns put in the kernel as variables of the same names before the first line (
 from __future__ import annotations
 
 import ast
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "c
 """File suffixes ``datasets`` loads, and the builder for each."""
 ONE_FILE_SPLIT = "train"
 """The split name ``datasets`` gives a single data file's rows (and a Dataset given from Python)."""
+HELD_OUT_SPLIT = "test"
+"""The split a single file lacks, which its hold-out (``DatasetTask.holdout``) stands in for."""
+console = logging.getLogger("replrl.console")
+"""What a run tells its user (``replrl train`` shows it at its default log level)."""
+
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 _SLICE = re.compile(r"^([\w.-]+)\[\s*(-?\d+%?)?\s*:\s*(-?\d+%?)?\s*\]$")
 
@@ -62,6 +68,11 @@ class DatasetTask:
     """Split name asked for -> dataset split (e.g. {"test": "validation"}); names not in it are used as they are."""
     limit: int | None = None
     """Keep only the first N rows of each split."""
+    holdout: int = 100
+    """A single file has one split, "train", and no "test": its first ``holdout`` rows (at most a tenth of the
+    file) are held out as "test", and "train" is the other rows, said in one line when first asked for. A split
+    asked for with a slice (``train[100:]``) is the file's own rows as sliced. 0: no hold-out ("test" is then an
+    error that says how to slice the file)."""
     answer_after: str = ""
     """The reference is the text after the last occurrence of this marker in the answer column ("####" for GSM8K's
     worked solutions); empty: the whole column."""
@@ -71,6 +82,7 @@ class DatasetTask:
     """Header text with the row's fields as {names}; it must use {question} and not the answer column. Empty: the
     instructions, then "Problem: {question}" (and which variables hold the data, with a data column)."""
     _splits: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _said_held_out: bool = field(default=False, init=False, repr=False)
     one_file_serves_all: ClassVar[bool] = False
     """Whether a single file's one split also serves a split it lacks (gsm8k: yes, with a note); else asking for it
     is an error that says how to slice one split into two."""
@@ -113,6 +125,13 @@ class DatasetTask:
                 ds = ds.select(range(min(self.limit, len(ds))))
             self._validate_answers(name, ds)
             self._splits[name] = ds
+
+    def _held_out_rows(self) -> int:
+        """How many of a single file's rows are held out as its "test" split (0: none; see ``holdout``)."""
+        if (not self._one_file or self.one_file_serves_all or list(self._splits) != [ONE_FILE_SPLIT]
+                or self.holdout <= 0):
+            return 0
+        return min(self.holdout, len(self._splits[ONE_FILE_SPLIT]) // 10)
 
     @property
     def label(self) -> str:
@@ -171,6 +190,15 @@ class DatasetTask:
         """The rows of a dataset split name, sliced where it says ``name[a:b]``."""
         m = _SLICE.match(asked)
         name = m[1] if m else asked
+        held = self._held_out_rows() if m is None and name in (ONE_FILE_SPLIT, HELD_OUT_SPLIT) else 0
+        if held:
+            ds = self._splits[ONE_FILE_SPLIT]
+            if not self._said_held_out:
+                console.info("dataset '%s' is one file with one split: its first %d rows are held out as '%s', "
+                             "'%s' is the other %d (task.options.holdout = 0: no hold-out)", self.label, held,
+                             HELD_OUT_SPLIT, ONE_FILE_SPLIT, len(ds) - held)
+                self._said_held_out = True
+            return ds.select(range(held)) if name == HELD_OUT_SPLIT else ds.select(range(held, len(ds)))
         if name not in self._splits:
             have = ", ".join(self._splits)
             if self._one_file and len(self._splits) == 1:
