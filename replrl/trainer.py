@@ -195,6 +195,8 @@ class Trainer:
         # update runs through the model accelerate prepared (DDP reduces the gradients, bucketed and overlapped with
         # the backward), and only the main process writes files (nanoGPT's master_process).
         self.main = self.accelerator.is_main_process
+        self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
+        """The model is sharded (FSDP2): every rank holds a part of each parameter, gradient and AdamW state."""
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         if cfg.rollout.problems_per_step < self.world:
             raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
@@ -435,6 +437,31 @@ class Trainer:
         torch.distributed.all_reduce(t)
         return float(t.item())
 
+    def _max_over_ranks(self, values: list[int]) -> list[int]:
+        """The largest of each of ``values`` over the processes."""
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.long, device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
+
+    def _all_ranks(self, flags: list[bool]) -> list[bool]:
+        """Whether each of ``flags`` holds on every process."""
+        if self.world == 1:
+            return list(flags)
+        t = torch.tensor([int(f) for f in flags], dtype=torch.long, device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        return [bool(v) for v in t.tolist()]
+
+    def _sum_and_max_over_ranks(self, value: float, count: int) -> tuple[float, int]:
+        """(the sum of ``value``, the largest ``count``) over the processes, in one collective."""
+        if self.world == 1:
+            return value, count
+        mine = torch.tensor([float(value), float(count)], dtype=torch.float64, device=self.accelerator.device)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        torch.distributed.all_gather(every, mine)
+        return float(sum(float(t[0]) for t in every)), int(max(float(t[1]) for t in every))
+
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes and GPU memory; nothing for the HF backend). The trainer
         can still be saved and its model read; with vLLM it cannot sample again (one-line EngineStopped). ``with
@@ -654,7 +681,13 @@ class Trainer:
         return {i: len(group) for i, group in added}, time.perf_counter() - t0
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
-        """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""
+        """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches.
+
+        Every rank runs the same collectives in the same order, whatever its share of the step's rows (trees and
+        dynamic sampling deal ranks different numbers): as many minibatches, micro-batches and no-grad scoring
+        passes as the rank with the most, the missing ones padded with micro-batches of weight 0, and a backward
+        skipped only where every rank skips it. DDP needs it for its one reduction a minibatch, FSDP for every
+        forward and backward (each gathers the parameters)."""
         cfg, device = self.cfg, self.accelerator.device
         self.model.train()
         B = batch["input_ids"].shape[0]
@@ -670,27 +703,38 @@ class Trainer:
         count = micros = skipped = empty = 0
         kl_term = ref is not None and bool(cfg.loss.kl_coef)
         gen = torch.Generator().manual_seed(cfg.run.seed + self.step)
+        scored_adv = adv.masked_fill(batch["loss_mask"] == 0, 0.0)                           # [B, T]
+        # torch.chunk gives fewer parts than asked for some sizes (5 rows in 4: 3 parts): the most over the ranks
+        n_minibatches = self._max_over_ranks([len(torch.arange(B).chunk(cfg.optim.minibatches))])[0]
         for _ in range(cfg.optim.epochs):
             order = torch.randperm(B, generator=gen) if cfg.optim.minibatches > 1 else torch.arange(B)
-            for mb in order.chunk(cfg.optim.minibatches):
+            minibatches = list(order.chunk(cfg.optim.minibatches))
+            minibatches += [order[:0]] * (n_minibatches - len(minibatches))  # empty: padding micro-batches only
+            for mb in minibatches:
                 self.optimizer.zero_grad(set_to_none=True)
                 weights, share = self._micro_weights(batch, mb)
-                skipped_before = skipped
-                # zero advantage on every scored token and no KL term: the gradient is exactly zero, so only the
-                # forward runs (for the logged statistics), without autograd and without a backward
-                skips = [self.skip_zero_gradient and not kl_term and not bool(
-                    adv[micro].masked_fill(batch["loss_mask"][micro] == 0, 0.0).any()) for micro, _ in weights]
+                # zero advantage on every scored token (or a weight of 0) and no KL term: the gradient is exactly
+                # zero, so only the forward runs (for the logged statistics), without autograd and without a
+                # backward; under several ranks, only where every rank's micro-batch j is so
+                skippable = self.skip_zero_gradient and not kl_term
+                skips = [skippable and (w == 0.0 or not bool(scored_adv[micro].any())) for micro, w, _ in weights]
                 order = list(range(len(weights)))
-                if self.world > 1:  # DDP reduces in the minibatch's last backward, which every rank must run: the
-                    order.sort(key=lambda k: not skips[k])  # skipped micro-batches go first, and the last one runs
-                    skips[order[-1]] = False                # its backward even at a zero gradient
+                if self.world > 1:
+                    skips = self._all_ranks(skips)
+                    # DDP reduces in the minibatch's last backward, which every rank must run: the skipped
+                    # micro-batches go first (the same order on every rank), and the last one runs its backward
+                    # even at a zero gradient
+                    order.sort(key=lambda k: not skips[k])
+                    skips[order[-1]] = False
                 for j in order:
-                    (micro, weight), skip = weights[j], skips[j]
+                    (micro, weight, padding), skip = weights[j], skips[j]
                     ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
                     T = int(att.sum(1).max())
                     ids, att, lm = ids[:, :T], att[:, :T], lm[:, :T]                        # [b, T]
-                    # gradients accumulate locally until the last backward, whose DDP hooks reduce them
-                    sync = contextlib.nullcontext() if j == order[-1] else self.accelerator.no_sync(self.scorer)
+                    # gradients accumulate locally until the last backward, whose DDP hooks reduce them (FSDP:
+                    # every backward reduce-scatters into the sharded gradients, which never exist whole)
+                    reduce = j == order[-1] or self.fsdp
+                    sync = contextlib.nullcontext() if reduce else self.accelerator.no_sync(self.scorer)
                     with sync, torch.no_grad() if skip else contextlib.nullcontext():
                         logp, entropy = self.scorer(ids, att, sampling, self.banned(self._vocab()), loss_mask=lm)
                         loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device),
@@ -699,15 +743,17 @@ class Trainer:
                                                 kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
                         if not skip:
                             self.accelerator.backward(loss * (weight * share * self._grad_scale))
+                    if padding:  # a stand-in for another rank's micro-batch: no statistics of its own
+                        continue
                     micros, skipped = micros + 1, skipped + skip
                     stats["entropy"] = float(masked_mean(entropy, lm))
                     stats["loss"] = float(loss.detach())
                     for k, v in stats.items():
                         totals[k] = totals.get(k, 0.0) + float(v) * weight
                 params = [p for p in self.model.parameters() if p.requires_grad]
-                if skipped - skipped_before == len(weights):  # every backward of this minibatch was skipped: zero
-                    for p in params:  # gradients, as computed ones (AdamW still decays and moves by momentum; it
-                        if p.grad is None:  # would skip a None gradient)
+                if all(skips):  # every backward of this minibatch was skipped (one process): zero gradients, as
+                    for p in params:  # computed ones (AdamW still decays and moves by momentum; it would skip a
+                        if p.grad is None:  # None gradient)
                             p.grad = torch.zeros_like(p)
                 norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
@@ -724,12 +770,13 @@ class Trainer:
         return out
 
     def _micro_weights(self, batch: dict[str, torch.Tensor],
-                       mb: torch.Tensor) -> tuple[list[tuple[torch.Tensor, float]], float]:
+                       mb: torch.Tensor) -> tuple[list[tuple[torch.Tensor, float, bool]], float]:
         """Micro-batches of a minibatch with the weight of each loss so their sum is this rank's minibatch loss, and
         this rank's share of the minibatch over all ranks (tokens, sequences or episodes, as ``loss.agg`` counts):
-        summed over ranks, ``share * loss`` is the loss of the whole minibatch."""
+        summed over ranks, ``share * loss`` is the loss of the whole minibatch. Padded to as many micro-batches as
+        the rank with the most, with stand-ins of weight 0 (the batch's first row; True in third place)."""
         agg, lm = self.cfg.loss.agg, batch["loss_mask"]
-        micros = list(mb.chunk(max(1, math.ceil(len(mb) / self.cfg.optim.micro_batch))))
+        micros = list(mb.chunk(math.ceil(len(mb) / self.cfg.optim.micro_batch))) if len(mb) else []
         if agg == "token_mean":
             size = lambda m: float(lm[m].sum())  # noqa: E731
         elif agg == "seq_mean":
@@ -737,24 +784,31 @@ class Trainer:
         else:
             size = lambda m: float(len(m))  # noqa: E731
         local = size(mb)
-        total = self._sum_over_ranks(local)
-        return [(m, size(m) / (local or 1.0)) for m in micros], (local / total if total else 0.0)
+        total, most = self._sum_and_max_over_ranks(local, max(len(micros), 1))
+        padding = [(torch.arange(1), 0.0, True)] * (most - len(micros))
+        return [(m, size(m) / (local or 1.0), False) for m in micros] + padding, (local / total if total else 0.0)
 
     def _vocab(self) -> int:
         return self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
 
     @torch.no_grad()
     def _logprobs_no_grad(self, scorer: Any, batch: dict[str, torch.Tensor], sampling: SamplingParams) -> torch.Tensor:
-        """Log-probs [B, T] of the batch's tokens under ``scorer`` (a ``TokenScorer``, wrapped or not)."""
+        """Log-probs [B, T] of the batch's tokens under ``scorer`` (a ``TokenScorer``, wrapped or not). Every rank
+        runs as many forwards as the rank with the most micro-batches (FSDP gathers the parameters in each): the
+        missing ones score the batch's first row, for nothing."""
         device = self.accelerator.device
         out = torch.zeros_like(batch["old_logprobs"])
-        for micro in torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch):
+        micros = list(torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch))
+        most = self._max_over_ranks([len(micros)])[0]
+        for k in range(max(most, len(micros))):
+            micro = micros[k] if k < len(micros) else torch.arange(1)
             ids, att = batch["input_ids"][micro].to(device), batch["attention_mask"][micro].to(device)
             lm = batch["loss_mask"][micro].to(device)
             T = int(att.sum(1).max())
             logp, _ = scorer(ids[:, :T], att[:, :T], sampling, self.banned(self._vocab()), lm[:, :T],
                              with_entropy=False)
-            out[micro, :T] = logp.float().cpu()
+            if k < len(micros):
+                out[micro, :T] = logp.float().cpu()
         return out
 
     # -- evaluation and checkpoints --------------------------------------------------------------------------
