@@ -65,6 +65,8 @@ from .policy import (
     check_distributed,
     check_trainable,
     enable_gradient_checkpointing,
+    fsdp2_on_cpu,
+    fsdp_wrap_decoder_layers,
     load_policy,
     mixed_precision,
 )
@@ -188,9 +190,11 @@ class Trainer:
         # otherwise broadcast them at each synchronised forward
         precision = mixed_precision(cfg.model, cpu)
         _fresh_accelerator_state(precision)
+        check_distributed(None)  # what the launch asked (FSDP1, DeepSpeed, ...): refused in one line
         self.accelerator = Accelerator(cpu=cpu, mixed_precision=precision,
                                        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
-        check_distributed(self.accelerator.distributed_type)  # FSDP, DeepSpeed, ...: refused in one line
+        fsdp2_on_cpu(self.accelerator)  # an FSDP2 config on a CPU: sharded over gloo, not accelerate's silent DDP
+        check_distributed(self.accelerator.distributed_type)  # and what accelerate chose (XLA, ...)
         # Processes (`accelerate launch`): each rank rolls out whole problems (a GRPO group never spans ranks), the
         # update runs through the model accelerate prepared (DDP reduces the gradients, bucketed and overlapped with
         # the backward), and only the main process writes files (nanoGPT's master_process).
@@ -198,6 +202,9 @@ class Trainer:
         self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
         """The model is sharded (FSDP2): every rank holds a part of each parameter, gradient and AdamW state."""
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        if self.fsdp and cfg.loss.kl_coef > 0:
+            raise ConfigError("loss.kl_coef > 0 keeps a whole reference model on every rank, which FSDP2 would not "
+                              "shard: set loss.kl_coef = 0 under FSDP2, or train under DDP")
         if cfg.rollout.problems_per_step < self.world:
             raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
                               f"processes ({self.world}): each process rolls out whole problems")
@@ -249,6 +256,7 @@ class Trainer:
         if scorer.unused_parameters():  # trainable parameters outside the decoder and the LM head: DDP looks for them
             self.accelerator.ddp_handler = DistributedDataParallelKwargs(broadcast_buffers=False,
                                                                          find_unused_parameters=True)
+        fsdp_wrap_decoder_layers(self.accelerator, model)  # FSDP2: the decoder layers are the sharded units
         self.scorer, self.optimizer = self.accelerator.prepare(scorer, optimizer)
         """The update's scoring module as accelerate prepared it (DDP under several processes): every forward of the
         update goes through it, so the wrapper's gradient reduction runs."""

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from replrl.config import Config
 from replrl.configlib import resolve
@@ -64,6 +66,13 @@ def synthetic_batch(trainer: Trainer, split: str = "strided") -> tuple[dict[str,
     return batch, loss_mask * sign[:, None]                            # [B, T]
 
 
+def whole(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A detached full copy of a tensor (a DTensor gathered from its shards: every rank must call it)."""
+    if t is None:
+        return None
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
 def counting(trainer: Trainer) -> dict[str, int]:
     """Counts of the scorer's forwards (with and without autograd) and of the update's backwards, as they happen."""
     counts = {"forwards": 0, "no_grad_forwards": 0, "backwards": 0}
@@ -96,10 +105,13 @@ def main(model_dir: str, out: str, split: str = "strided") -> None:
         counts = counting(trainer)
         # a second step: AdamW with momentum; old log-probs scored again (minibatches > 1): no-grad forwards too
         stats = [trainer.update(local, adv[rows]) for _ in range(2)]
-        grads = [p.grad.detach().clone() if p.grad is not None else None for p in trainer.model.parameters()]
-        record = {"params": [p.detach().clone() for p in trainer.model.parameters()], "grads": grads,
+        params = list(trainer.model.parameters())
+        sharded = isinstance(params[0], DTensor)
+        # FSDP2: every rank gathers every tensor (a collective each), in the same order
+        record = {"params": [whole(p) for p in params], "grads": [whole(p.grad) for p in params],
                   "stats": stats, "world": world, "wrapper": type(trainer.scorer).__name__, "counts": counts,
-                  "rows": len(rows)}
+                  "rows": len(rows), "sharded": sharded, "fsdp": trainer.fsdp,
+                  "units": [n for n, m in trainer.scorer.named_modules() if isinstance(m, FSDPModule)]}
         if trainer.main:
             torch.save(record, out)
         elif split != "strided":

@@ -1,6 +1,6 @@
 """`accelerate launch` with 2 CPU processes (gloo): each rank rolls out its share of the step's problems with its own
 kernel pool, the update runs through the DDP wrapper accelerate prepared (which reduces the gradients), only the main
-process writes, and resume continues both ranks. Settings replrl does not train under (FSDP) are refused."""
+process writes, and resume continues both ranks. Settings replrl does not train under (FSDP1) are refused."""
 
 from __future__ import annotations
 
@@ -101,23 +101,21 @@ def test_ranks_with_different_shares_of_the_batch_run_the_same_collectives(forma
         assert r0["counts"]["no_grad_forwards"] + r0["counts"]["forwards"] == 2 * (3 + 3)
 
 
-@pytest.mark.skipif(torch.__version__ < "2.6", reason="torch < 2.6: accelerate stops an FSDP config on a CPU itself "
-                    "(FSDP2 needs torch 2.6, FSDP1 a GPU), before replrl's check")
-def test_fsdp_is_refused_in_one_line_at_start(tmp_path):
-    """An accelerate config asking for FSDP is refused before any work, not bypassed (nor DeepSpeed, Megatron...).
-    On a machine without GPUs accelerate itself turns it into DDP over CPU processes without a word: replrl reads
-    what was asked."""
+def test_fsdp1_is_refused_in_one_line_at_start(tmp_path):
+    """An accelerate config asking for FSDP1 is refused before any work, not bypassed (nor DeepSpeed, Megatron...):
+    read from what the launch asked, before accelerate stops it on a CPU with an error of its own (FSDP2:
+    tests/test_fsdp.py)."""
     config = tmp_path / "fsdp.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 1\n"
-                      "num_processes: 2\nmixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 2\n")
+                      "num_processes: 2\nmixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 1\n")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
            str(free_port()), "-m", "replrl", "train", "examples/smoke.toml", "--no-progress", "--model.device",
            "cpu", "--run-dir", str(tmp_path / "run")]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
     assert done.returncode != 0
-    assert "accelerate's distributed type FSDP is not supported by replrl; supported: one process or DDP" in \
-        done.stderr, done.stderr[-3000:]
+    assert "accelerate's distributed type FSDP with fsdp_version 1 is not supported by replrl; supported: one " \
+        "process, DDP" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
