@@ -205,6 +205,9 @@ class Trainer:
         if self.fsdp and cfg.loss.kl_coef > 0:
             raise ConfigError("loss.kl_coef > 0 keeps a whole reference model on every rank, which FSDP2 would not "
                               "shard: set loss.kl_coef = 0 under FSDP2, or train under DDP")
+        if self.fsdp and cfg.model.lora_rank > 0:
+            raise ConfigError("model.lora_rank > 0 under FSDP2 is not supported yet (checkpoints and the merged "
+                              "final model): train LoRA under DDP, whose per-rank memory LoRA already keeps small")
         if cfg.rollout.problems_per_step < self.world:
             raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
                               f"processes ({self.world}): each process rolls out whole problems")
@@ -288,6 +291,11 @@ class Trainer:
         self._resumed = resume
         if resume:
             self._resume()
+        self._gathered = False
+        """FSDP2 with the hf backend: the whole weights are gathered for the rollouts (``_gather_for_rollouts``)."""
+        self._root_ran = False
+        """The FSDP root (the prepared scorer) has run a forward, which initialises every unit."""
+        self._gather_for_rollouts()
         self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, trackers=open_trackers(
             cfg.run.report_to, self.run_dir, cfg.run.project, to_dict(cfg), self.step)) if self.main else NullMetrics()
         if self.main:  # which code and libraries this stretch of the run ran on (a resumed run may differ)
@@ -326,7 +334,10 @@ class Trainer:
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir)
         assert path is not None
-        state = checkpoint.load_state(path, self.optimizer, self.scheduler)
+        if self.fsdp:
+            state = checkpoint.load_sharded(path, self.scorer, self.optimizer.optimizer, self.scheduler)
+        else:
+            state = checkpoint.load_state(path, self.optimizer, self.scheduler)
         self.step = state["step"]
         self.problems.position = state["data_position"]
         log.info("resumed from %s (step %d)", path, self.step)
@@ -470,6 +481,65 @@ class Trainer:
         torch.distributed.all_gather(every, mine)
         return float(sum(float(t[0]) for t in every)), int(max(float(t[1]) for t in every))
 
+    def _weights_checksum(self) -> float:
+        """The sum of every weight of the policy: each rank's own copy under DDP (the ranks' must agree); under FSDP2
+        the sum over ranks of each rank's shards (one figure, the same on every rank), or of the gathered weights."""
+        from torch.distributed.tensor import DTensor
+
+        params = list(self.model.parameters())
+        local = sum(float((p.to_local() if isinstance(p, DTensor) else p).detach().double().sum()) for p in params)
+        if self.world > 1 and any(isinstance(p, DTensor) for p in params):
+            return self._sum_over_ranks(local)
+        return local
+
+    def _fsdp_units(self) -> list[Any]:
+        """The FSDP2 units of the prepared scorer: the decoder layers, then the root (the TokenScorer)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return [m for m in self.scorer.modules() if isinstance(m, FSDPModule)][::-1]
+
+    def _gather_for_rollouts(self) -> None:
+        """FSDP2 with a generator that samples from the policy itself (hf): the whole weights gathered once, after
+        the update, for the rollouts and evaluations, so that ranks with different numbers of lines never wait on
+        each other (every sampling forward would otherwise gather the parameters: a collective). Costs the whole
+        model in memory, in the all-gather dtype, until ``_reshard`` before the next update. A vLLM engine holds its
+        own copy: nothing to gather."""
+        if not self.fsdp or self._gathered or hasattr(self.generator, "engine"):
+            return
+        if not self._root_ran:  # FSDP initialises its units in the root's first forward: one before any layer
+            ids = torch.full((1, 2), self.pad_id, device=self.accelerator.device)  # runs alone in a rollout
+            with torch.no_grad():
+                self.scorer(ids, torch.ones_like(ids), self.sampling, with_entropy=False)
+            self._root_ran = True
+        for unit in self._fsdp_units():
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        self._gathered = True
+
+    def _reshard(self) -> None:
+        """Free what ``_gather_for_rollouts`` gathered: each unit back to its shard, resharding after forward again
+        (the decoder layers as the accelerate config says, the root never, as torch's default for it)."""
+        if not self._gathered:
+            return
+        plugin = self.accelerator.state.fsdp_plugin
+        units = self._fsdp_units()
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(bool(plugin.reshard_after_forward) and unit is not units[-1],
+                                           recurse=False)
+        self._gathered = False
+
+    @contextlib.contextmanager
+    def _sharded(self) -> Any:
+        """The weights as shards for the block (a checkpoint's state dicts), gathered again after it if they were."""
+        gathered = self._gathered
+        self._reshard()
+        try:
+            yield
+        finally:
+            if gathered:
+                self._gather_for_rollouts()
+
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes and GPU memory; nothing for the HF backend). The trainer
         can still be saved and its model read; with vLLM it cannot sample again (one-line EngineStopped). ``with
@@ -577,7 +647,7 @@ class Trainer:
             sleep_generator(self.generator)
         update_stats = self.update(batch, adv)
         if self.world > 1:  # the mean over ranks of each rank's update statistics
-            update_stats["weights_checksum"] = float(sum(p.detach().double().sum() for p in self.model.parameters()))
+            update_stats["weights_checksum"] = self._weights_checksum()
             per_rank = gather_object([update_stats])
             sums = [r.pop("weights_checksum") for r in per_rank]
             update_stats = {k: sum(r[k] for r in per_rank) / len(per_rank) for k in per_rank[0]}
@@ -697,6 +767,7 @@ class Trainer:
         skipped only where every rank skips it. DDP needs it for its one reduction a minibatch, FSDP for every
         forward and backward (each gathers the parameters)."""
         cfg, device = self.cfg, self.accelerator.device
+        self._reshard()
         self.model.train()
         B = batch["input_ids"].shape[0]
         sampling = self.sampling
@@ -771,6 +842,7 @@ class Trainer:
                     continue
                 self.optimizer.step()
         self.model.eval()
+        self._gather_for_rollouts()
         out = {k: v / count for k, v in totals.items()}
         out["optimizer_steps"] = count - empty
         out["optimizer_steps_skipped"] = empty
@@ -881,17 +953,29 @@ class Trainer:
 
     def save_model(self, out: str | Path | None = None) -> Path | None:
         """The policy as it is now, in Hugging Face format, to ``out`` (default RUN/model; written by the main
-        process): a LoRA model merged into its base weights, its adapter kept in ``adapter/`` beside them."""
+        process): a LoRA model merged into its base weights, its adapter kept in ``adapter/`` beside them. Under
+        FSDP2 every rank must call it: the main process writes the full state dict gathered from the shards."""
+        full = None
+        if self.fsdp:
+            with self._sharded():
+                full = checkpoint.full_state_dict(self.scorer, prefix="lm.")
         if not self.main:
             return None
         return checkpoint.save_model(out or self.run_dir / checkpoint.MODEL_DIR,
                                      self.accelerator.unwrap_model(self.model), self.tokenizer, self.step,
-                                     base_model=self.cfg.model.name)
+                                     base_model=self.cfg.model.name, state_dict=full)
 
     def save(self) -> Path | None:
-        """A checkpoint of this step (written by the main process; every rank holds the same state)."""
+        """A checkpoint of this step (written by the main process; every rank holds the same state. FSDP2: every
+        rank writes its shards, the main process the rest)."""
         model = self.model
         self._saved_step = self.step
+        if self.fsdp:
+            with self._sharded():
+                return checkpoint.save_sharded(self.run_dir, self.step, self.scorer, model, self.tokenizer,
+                                               self.optimizer.optimizer, self.scheduler,
+                                               {"data_position": self.problems.position},
+                                               keep=self.cfg.run.keep_checkpoints)
         path, error = None, None
         if self.main:
             try:

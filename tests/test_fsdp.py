@@ -64,3 +64,51 @@ def test_fsdp2_update_over_two_cpu_processes_is_sharded_and_equals_one_process(f
         assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
     for ga, gb in zip(a["grads"], r0["grads"], strict=True):
         torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
+def test_replrl_train_under_fsdp2_checkpoints_resumes_like_an_uninterrupted_run_and_writes_one_model(
+        format_model_dir, tmp_path):
+    """`accelerate launch --config_file <FSDP2> -m replrl train` on 2 CPU processes: rollouts from the gathered
+    weights (hf backend), sharded updates, a checkpoint per step (every rank's shards through
+    torch.distributed.checkpoint, the Hugging Face model from the full state dict), RUN/model at the end. Resumed
+    from step 2's checkpoint, step 3 equals the uninterrupted run's step 3, and both write the same RUN/model,
+    which transformers loads."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from replrl import checkpoint
+    from replrl.metrics import read_metrics
+
+    toy = ["--model.name", str(format_model_dir), "--model.chat_template", "false", "--model.device", "cpu",
+           "--task.name", "tests.toy:EchoTask", "--rollout.max_lines", "3", "--rollout.max_line_tokens", "12",
+           "--rollout.temperature", "1.0", "--run.eval_n", "0", "--no-progress"]
+    run_dir, again = tmp_path / "run", tmp_path / "again"
+    run(fsdp2_launch(tmp_path, "-m", "replrl", "train", "examples/smoke.toml", "--run-dir", str(run_dir),
+                     "--run.max_steps", "3", *toy))
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["grad_norm"] > 0
+    assert all(r["rank_weight_drift"] == 0.0 for r in rows)
+    step3 = checkpoint.latest(run_dir)
+    assert step3.name == "step-000003" and (step3 / checkpoint.SHARDED_DIR / ".metadata").exists()
+    assert not (step3 / "optimizer.pt").exists(), "under FSDP2 the optimizer state is in the shards"
+
+    shutil.copytree(run_dir, again)  # the same run, as if killed after step 2's checkpoint
+    (again / "checkpoints" / "LATEST").write_text("step-000002")
+    shutil.rmtree(again / "checkpoints" / "step-000003")
+    shutil.rmtree(again / "model")
+    run(fsdp2_launch(tmp_path, "-m", "replrl", "train", "--resume", str(again), *toy))
+    resumed = read_metrics(again)
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for key in ("reward_mean", "grad_norm", "loss", "data_position", "weights_checksum"):
+        if key in rows[2]:
+            assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-6, abs=1e-9), key
+    assert json.loads((checkpoint.latest(again) / "state.json").read_text())["step"] == 3
+
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    final_again = AutoModelForCausalLM.from_pretrained(again / "model")
+    start = AutoModelForCausalLM.from_pretrained(format_model_dir)
+    for (name, a), b in zip(final.state_dict().items(), final_again.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.equal(a, c) for a, c in zip(final.state_dict().values(), start.state_dict().values()))
