@@ -112,3 +112,24 @@ def test_replrl_train_under_fsdp2_checkpoints_resumes_like_an_uninterrupted_run_
     for (name, a), b in zip(final.state_dict().items(), final_again.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
     assert any(not torch.equal(a, c) for a, c in zip(final.state_dict().values(), start.state_dict().values()))
+
+
+def test_weight_sync_streams_fsdp2_shards_in_bounded_buckets_without_splitting_a_layer(tmp_path):
+    """tests/weight_stream.py on 2 CPU processes: a tiny Llama sharded by fully_shard is streamed (every rank
+    gathering the same tensors in the same order) in buckets of 1.5 layers and of 1 byte. Every rank receives every
+    weight whole and equal to the unsharded model's, in order; no decoder layer is split over buckets; no bucket
+    holds more than max(bound, one layer): the extra memory of a sync, against the whole model."""
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         "-m", "tests.weight_stream", str(tmp_path)])
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    layer, model = r0["layer_bytes"], r0["model_bytes"]
+    for label, most_buckets in (("1.5 layers", 3), ("1 byte", 6)):  # 3 layers + embeddings, norm, head
+        for r in (r0, r1):
+            got = r[label]
+            names = [n for b in got["buckets"] for n in b["names"]]
+            assert len(names) == 30 and names[0] == "model.embed_tokens.weight" and names[-1] == "lm_head.weight"
+            assert all(b["diff"] == 0.0 for b in got["buckets"]), "a gathered weight differs from the model's"
+            layers = [{n.split(".")[2] for n in b["names"] if n.startswith("model.layers.")} for b in got["buckets"]]
+            assert sum(len(s) for s in layers) == 3, "a decoder layer split over two buckets"
+            assert got["figures"]["buckets"] == most_buckets and got["figures"]["bytes"] == model
+            assert got["figures"]["largest_bucket_bytes"] <= max(got["bound"], layer) < model
