@@ -43,7 +43,14 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import close_generator, load_generator, sleep_generator, vllm_engine_args, wake_generator
+from .backends import (
+    backend_class,
+    close_generator,
+    load_generator,
+    sleep_generator,
+    vllm_engine_args,
+    wake_generator,
+)
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
@@ -205,6 +212,10 @@ class Trainer:
         if self.fsdp and cfg.loss.kl_coef > 0:
             raise ConfigError("loss.kl_coef > 0 keeps a whole reference model on every rank, which FSDP2 would not "
                               "shard: set loss.kl_coef = 0 under FSDP2, or train under DDP")
+        if self.fsdp and backend_class(cfg.model.backend).__name__ != "HFGenerator":
+            raise ConfigError("model.backend vllm under FSDP2 needs the streamed weight sync "
+                              "(replrl/backends/weight_buckets.py), which the vLLM backend does not use yet: set "
+                              "model.backend = hf under FSDP2, or train under DDP")
         if self.fsdp and cfg.model.lora_rank > 0:
             raise ConfigError("model.lora_rank > 0 under FSDP2 is not supported yet (checkpoints and the merged "
                               "final model): train LoRA under DDP, whose per-rank memory LoRA already keeps small")
