@@ -395,7 +395,9 @@ class Trainer:
         bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not (self.progress and self.main), dynamic_ncols=True)
         local_problems = self._local_problems()
-        limits = dataclasses.replace(cfg.rollout.limits(), uid_base=70000 + 20000 * self.rank)  # own uids per rank
+        # own kernel uids per rank of this machine (uids are per machine: the local rank, not the global one)
+        limits = dataclasses.replace(cfg.rollout.limits(),
+                                     uid_base=70000 + 20000 * self.accelerator.local_process_index)
         pool = run_sync(KernelPool(size=cfg.rollout.group_size * local_problems, limits=limits,
                                    tools=self.task.tools, refill=cfg.rollout.kernel_refill).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
