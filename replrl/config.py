@@ -71,6 +71,10 @@ class ModelConfig:
     """vllm: how the weights reach the engine after every optimizer step: auto (cuda_ipc when the trainer and the
     engine share a GPU, else shm), cuda_ipc (a buffer on the GPU opened by CUDA IPC), shm (a shared-memory file)
     or rpc (bytes through vLLM's RPC; slowest)."""
+    sync_bucket_mb: float = 1024.0
+    """vllm: the weight sync moves the weights in buckets of about this many MiB (whole decoder layers, a larger
+    layer alone), each gathered (FSDP2: from the shards), written and loaded before the next: the sync's memory is one
+    bucket, never a second copy of the whole model. A model smaller than a bucket goes in one."""
     gpu_memory_utilization: float = 0.3
     """vllm on a GPU: the share of the GPU's memory the engine takes for its weights and KV cache; the trainer's
     model, optimizer state and activations need the rest (docs/gpu.md)."""
@@ -111,6 +115,8 @@ class ModelConfig:
             raise ConfigError("model.lora_rank must be >= 0")
         if not self.sync_timeout_s > 0:
             raise ConfigError("model.sync_timeout_s must be > 0")
+        if not self.sync_bucket_mb > 0:
+            raise ConfigError("model.sync_bucket_mb must be > 0")
         if not 0 < self.gpu_memory_utilization < 1:
             raise ConfigError("model.gpu_memory_utilization must be between 0 and 1")
         check_choice("model.compute_dtype", self.compute_dtype, ("", "float32", "bfloat16", "float16"))

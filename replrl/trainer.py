@@ -213,9 +213,9 @@ class Trainer:
             raise ConfigError("loss.kl_coef > 0 keeps a whole reference model on every rank, which FSDP2 would not "
                               "shard: set loss.kl_coef = 0 under FSDP2, or train under DDP")
         if self.fsdp and backend_class(cfg.model.backend).__name__ != "HFGenerator":
-            raise ConfigError("model.backend vllm under FSDP2 needs the streamed weight sync "
-                              "(replrl/backends/weight_buckets.py), which the vLLM backend does not use yet: set "
-                              "model.backend = hf under FSDP2, or train under DDP")
+            raise ConfigError("model.backend vllm under FSDP2 is not tested yet (its weight sync streams buckets "
+                              "gathered from the shards, tested under DDP and on 2 FSDP2 ranks without an engine): "
+                              "set model.backend = hf under FSDP2, or train under DDP")
         if self.fsdp and cfg.model.lora_rank > 0:
             raise ConfigError("model.lora_rank > 0 under FSDP2 is not supported yet (checkpoints and the merged "
                               "final model): train LoRA under DDP, whose per-rank memory LoRA already keeps small")
@@ -286,6 +286,7 @@ class Trainer:
         self.generator = load_generator(cfg.model.backend, self.model, self.tokenizer,
                                         device=self.accelerator.device, sync_timeout_s=cfg.model.sync_timeout_s,
                                         sync_transport=cfg.model.sync_transport,
+                                        sync_bucket_bytes=int(cfg.model.sync_bucket_mb * 2**20),
                                         gpu_memory_utilization=cfg.model.gpu_memory_utilization,
                                         max_rows=cfg.rollout.group_size * self._local_problems(),
                                         engine_args=vllm_engine_args(cfg.model))
