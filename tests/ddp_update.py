@@ -105,6 +105,7 @@ def main(model_dir: str, out: str, split: str = "strided") -> None:
         counts = counting(trainer)
         # a second step: AdamW with momentum; old log-probs scored again (minibatches > 1): no-grad forwards too
         stats = [trainer.update(local, adv[rows]) for _ in range(2)]
+        trainer._reshard()  # FSDP2 with hf: the update ends with the weights gathered for the rollouts; the shards
         params = list(trainer.model.parameters())
         sharded = isinstance(params[0], DTensor)
         # FSDP2: every rank gathers every tensor (a collective each), in the same order
