@@ -8,6 +8,8 @@ Layout of a run directory::
     samples.jsonl          a few transcripts every N steps
     checkpoints/LATEST     name of the newest complete checkpoint
     checkpoints/step-000010/{model/, optimizer.pt, scheduler.pt, rng.pt, state.json}
+                           (FSDP2: sharded/ instead of optimizer.pt, every rank's shards of the weights and the
+                           AdamW state written with torch.distributed.checkpoint; model/ from the full state dict)
     model/                 the final policy (run.save_model), loadable by AutoModelForCausalLM.from_pretrained: a
                            LoRA run's adapters merged into the base weights, the adapter itself in model/adapter/;
                            model/replrl.json says at which step. `sweep --prune` keeps it.
@@ -32,6 +34,8 @@ CKPT_DIR = "checkpoints"
 LATEST = "LATEST"
 MODEL_DIR = "model"
 """The final policy of a run, in Hugging Face format (``save_model``)."""
+SHARDED_DIR = "sharded"
+"""In an FSDP2 checkpoint: the weights and optimizer state as every rank's shards (torch.distributed.checkpoint)."""
 MODEL_INFO = "replrl.json"
 """In a ``save_model`` directory: the step it was saved at and the base model."""
 
@@ -104,9 +108,108 @@ def save(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, s
         last = latest(run_dir)
         kept = f"; the last good checkpoint {last.name} is intact" if last else ""
         raise CheckpointError(f"could not save checkpoint {name} in {root}: {err.strerror or err}{kept}") from None
+    _prune(root, final, keep)
+    return final
+
+
+def _prune(root: Path, final: Path, keep: int) -> None:
+    """Delete the checkpoints older than ``final`` beyond the newest ``keep``."""
     for old in sorted(p for p in root.iterdir() if p.name.startswith("step-") and p != final)[:-keep + 1 or None]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _every_rank_ok(error: BaseException | None) -> None:
+    """Raise on every rank if any rank failed (also a barrier: no rank runs ahead)."""
+    import torch.distributed as dist
+
+    failed = torch.tensor([int(error is not None)])
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if failed.item():
+        raise error if error is not None else CheckpointError("another rank could not write its part of the "
+                                                               "checkpoint")
+
+
+def full_state_dict(root: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The whole model's state dict from FSDP2 shards, on rank 0 in CPU memory (empty on the other ranks; every rank
+    must call it, a collective per tensor), its keys without ``prefix`` (``lm.``: the policy inside a TokenScorer)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in full.items()}
+
+
+def save_sharded(run_dir: Path, step: int, root: Any, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
+                 state: dict[str, Any], keep: int = 2, prefix: str = "lm.") -> Path:
+    """``save`` under FSDP2, called by every rank: each writes its shards of the weights and AdamW state into the
+    temporary directory with ``torch.distributed.checkpoint``; rank 0 adds the Hugging Face model (from the full
+    state dict), tokenizer, scheduler, RNG and state.json, fsyncs, renames and points LATEST at it. ``root``: the
+    FSDP root module (the prepared TokenScorer), ``optimizer`` the torch optimizer over its parameters."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    main = dist.get_rank() == 0
+    root_dir = Path(run_dir) / CKPT_DIR
+    name = f"step-{step:06d}"
+    final = root_dir / name
+    tmp = root_dir / f".tmp-{name}-sharded"  # one name for every rank
+    error: BaseException | None = None
+    if main:
+        try:
+            root_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as err:
+            error = err
+    try:
+        _every_rank_ok(error)
+        model_sd, optim_sd = get_state_dict(root, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp / SHARDED_DIR)
+        full = full_state_dict(root, prefix)
+        if main:
+            try:
+                with quiet_saves():
+                    model.save_pretrained(tmp / "model", state_dict=full, safe_serialization=True)
+                    tokenizer.save_pretrained(tmp / "model")
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                torch.save(rng_state(), tmp / "rng.pt")
+                (tmp / "state.json").write_text(json.dumps({**state, "step": step}))
+                _fsync_tree(tmp)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.rename(tmp, final)
+                _write_atomic(root_dir / LATEST, name)
+            except OSError as err:
+                error = err
+        _every_rank_ok(error)
+    except (OSError, RuntimeError) as err:  # dcp raises its CheckpointException (a RuntimeError) on every rank
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        last = latest(run_dir)
+        kept = f"; the last good checkpoint {last.name} is intact" if last else ""
+        raise CheckpointError(f"could not save checkpoint {name} in {root_dir}: "
+                              f"{getattr(err, 'strerror', None) or err}{kept}") from None
+    if main:
+        _prune(root_dir, final, keep)
     return final
+
+
+def load_sharded(path: Path, root: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """``load_state`` under FSDP2, called by every rank: its shards of the weights and AdamW state (resharded if
+    the number of ranks changed), then the scheduler, RNG and state.json as ``load_state``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    try:
+        model_sd, optim_sd = get_state_dict(root, optimizer)
+        both = {"model": model_sd, "optim": optim_sd}
+        dcp.load(both, checkpoint_id=path / SHARDED_DIR)
+        set_state_dict(root, optimizer, model_state_dict=both["model"], optim_state_dict=both["optim"])
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+        return json.loads((path / "state.json").read_text())
+    except (OSError, RuntimeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {err}") from None
 
 
 @contextlib.contextmanager
@@ -131,10 +234,12 @@ def merged(model: Any) -> Any:
     return model
 
 
-def save_model(out: str | Path, model: Any, tokenizer: Any, step: int, base_model: str = "") -> Path:
+def save_model(out: str | Path, model: Any, tokenizer: Any, step: int, base_model: str = "",
+               state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` to ``out`` in Hugging Face format, atomically (a temporary directory renamed over the old
     one): a peft model merged into its base weights, its adapter in ``out/adapter/``; ``out/replrl.json`` records
-    ``step`` and ``base_model``. What a plain ``AutoModelForCausalLM.from_pretrained(out)`` loads."""
+    ``step`` and ``base_model``. What a plain ``AutoModelForCausalLM.from_pretrained(out)`` loads.
+    ``state_dict``: the weights to write instead of the model's own (FSDP2: ``full_state_dict``; no peft model)."""
     out = Path(out)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -144,7 +249,7 @@ def save_model(out: str | Path, model: Any, tokenizer: Any, step: int, base_mode
             if hasattr(model, "merge_and_unload"):
                 model.save_pretrained(tmp / "adapter", safe_serialization=True)
                 tokenizer.save_pretrained(tmp / "adapter")
-            merged(model).save_pretrained(tmp, safe_serialization=True)
+            merged(model).save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
         (tmp / MODEL_INFO).write_text(json.dumps({"step": step, "base_model": base_model,
                                                   "lora": hasattr(model, "merge_and_unload")}))

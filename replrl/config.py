@@ -75,6 +75,10 @@ class ModelConfig:
     """vllm: how the weights reach the engine after every optimizer step: auto (cuda_ipc when the trainer and the
     engine share a GPU, else shm), cuda_ipc (a buffer on the GPU opened by CUDA IPC), shm (a shared-memory file)
     or rpc (bytes through vLLM's RPC; slowest)."""
+    sync_bucket_mb: float = 1024.0
+    """vllm: the weight sync moves the weights in buckets of about this many MiB (whole decoder layers, a larger
+    layer alone), each gathered (FSDP2: from the shards), written and loaded before the next: the sync's memory is one
+    bucket, never a second copy of the whole model. A model smaller than a bucket goes in one."""
     gpu_memory_utilization: float = 0.3
     """vllm on a GPU: the share of the GPU's memory the engine takes for its weights and KV cache; the trainer's
     model, optimizer state and activations need the rest (docs/gpu.md)."""
@@ -115,6 +119,8 @@ class ModelConfig:
             raise ConfigError("model.lora_rank must be >= 0")
         if not self.sync_timeout_s > 0:
             raise ConfigError("model.sync_timeout_s must be > 0")
+        if not self.sync_bucket_mb > 0:
+            raise ConfigError("model.sync_bucket_mb must be > 0")
         if not 0 < self.gpu_memory_utilization < 1:
             raise ConfigError("model.gpu_memory_utilization must be between 0 and 1")
         check_choice("model.compute_dtype", self.compute_dtype, ("", "float32", "bfloat16", "float16"))
@@ -220,7 +226,11 @@ class RolloutConfig:
     isolation: str = "auto"
     """Sandbox isolation: auto, bwrap, unshare or rlimits (see sandbox.Limits)."""
     memory_mb: int = 2048
-    """Address-space limit of each kernel."""
+    """Memory of each kernel: each of its processes (address space), and all of them together (a cgroup, or the
+    host's watchdog); a kernel past the total ends its episode as a crash that says why (docs/sandbox.md)."""
+    kernel_dir_mb: int = 128
+    """All the files a kernel writes in its working directory together (a tmpfs of this size in its own mount
+    namespace, or the watchdog where there is none)."""
     kernel_refill: str = "idle"
     """When the kernel pool starts the fresh kernels that replace used ones: idle (once no episode runs, i.e. during
     the update, at a lower priority: no rollout shares the CPU with kernels booting) or eager (as soon as one is
@@ -264,7 +274,7 @@ class RolloutConfig:
         if self.group_size < 2:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares episodes within a group")
         check_positive("rollout", self, "problems_per_step", "temperature", "max_line_tokens", "max_lines",
-                       "max_total_tokens", "max_output_tokens", "max_repeats", "wall_s", "memory_mb")
+                       "max_total_tokens", "max_output_tokens", "max_repeats", "wall_s", "memory_mb", "kernel_dir_mb")
         if not 0 < self.top_p <= 1:
             raise ConfigError("rollout.top_p must be in (0, 1]")
         check_choice("rollout.isolation", self.isolation, ("auto", "bwrap", "unshare", "rlimits"))
@@ -293,7 +303,7 @@ class RolloutConfig:
         from sandbox import Limits
 
         return Limits(wall_s=self.wall_s, isolation=self.isolation, memory_mb=self.memory_mb,  # type: ignore[arg-type]
-                      fork_server=self.kernel_fork_server)
+                      max_dir_mb=self.kernel_dir_mb, fork_server=self.kernel_fork_server)
 
 
 @dataclass

@@ -113,25 +113,97 @@ def _load_4bit(cfg: ModelConfig, spec: str) -> tuple[Any, Any]:
     return model, load_tokenizer(source)
 
 
-SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU")
-"""accelerate's distributed types replrl trains under: one process, and DDP over processes (CPU or GPU)."""
+SUPPORTED_DISTRIBUTED = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP")
+"""accelerate's distributed types replrl trains under: one process, DDP over processes (CPU or GPU), and FSDP2
+(``fsdp_version: 2``: parameters, gradients and AdamW state sharded over the processes)."""
 
 
-def check_distributed(distributed_type: Any, environ: dict[str, str] | None = None) -> None:
-    """Refuse, in one line, a distributed setting replrl does not train under (FSDP, DeepSpeed, Megatron, XLA...)
-    instead of bypassing it. ``environ`` (default ``os.environ``) is read too: on a machine without GPUs accelerate
-    turns an FSDP config into plain DDP over CPU processes without a word (ACCELERATE_USE_FSDP stays set)."""
+def _asked(environ: Any) -> str:
+    """The distributed type an ``accelerate launch`` config asked for ("" if none of FSDP, DeepSpeed, Megatron)."""
+    for asked in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        if environ.get(f"ACCELERATE_USE_{asked}", "").lower() in ("1", "true", "yes"):
+            return asked
+    return ""
+
+
+def fsdp2_asked(environ: Any = None) -> bool:
+    """Whether the launch asked for FSDP2 (an accelerate config with ``distributed_type: FSDP``, ``fsdp_version:
+    2``): what accelerate's launcher puts in the environment, since on a CPU accelerate itself forgets it."""
     import os
 
     env = os.environ if environ is None else environ
-    name = str(getattr(distributed_type, "value", distributed_type))
-    for asked in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
-        if env.get(f"ACCELERATE_USE_{asked}", "").lower() in ("1", "true", "yes"):
-            name = asked
-    if name not in SUPPORTED_DISTRIBUTED:
-        raise ConfigError(f"accelerate's distributed type {name} is not supported by replrl; supported: one process "
-                          "or DDP (accelerate launch --multi_gpu, also on CPUs); FSDP and DeepSpeed are not yet "
-                          "(docs/training.md, 'Several GPUs')")
+    return _asked(env) == "FSDP" and env.get("FSDP_VERSION", "1") == "2"
+
+
+def check_distributed(distributed_type: Any, environ: Any = None) -> None:
+    """Refuse, in one line, a distributed setting replrl does not train under (FSDP1, DeepSpeed, Megatron, XLA...)
+    instead of bypassing it. ``environ`` (default ``os.environ``) is read too: on a machine without GPUs accelerate
+    turns an FSDP config into plain DDP over CPU processes without a word (ACCELERATE_USE_FSDP stays set).
+    ``distributed_type`` None: only what the launch asked (before the ``Accelerator``, which stops an FSDP1 config
+    on a CPU with an error of its own)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    name = _asked(env) or ("NO" if distributed_type is None else str(getattr(distributed_type, "value",
+                                                                               distributed_type)))
+    if name == "FSDP" and env.get("FSDP_VERSION", "1") == "2":
+        return
+    if name not in SUPPORTED_DISTRIBUTED or name == "FSDP":
+        what = "FSDP with fsdp_version 1" if name == "FSDP" else name
+        raise ConfigError(f"accelerate's distributed type {what} is not supported by replrl; supported: one process, "
+                          "DDP (accelerate launch --multi_gpu, also on CPUs) or FSDP2 (distributed_type: FSDP with "
+                          "fsdp_version: 2); not FSDP1, DeepSpeed or Megatron (docs/training.md, 'Several GPUs and "
+                          "nodes')")
+
+
+def fsdp2_on_cpu(accelerator: Any, environ: Any = None) -> bool:
+    """FSDP2 on a machine without GPUs, over gloo: the one place replrl corrects accelerate's state.
+
+    accelerate selects FSDP only on accelerators: with ``Accelerator(cpu=True)`` (what the trainer passes on a CPU)
+    an FSDP2 config becomes DDP over the CPU processes (``MULTI_CPU``). torch's ``fully_shard`` runs on the CPU, and
+    accelerate's own FSDP2 path does too once its state says FSDP: both ``AcceleratorState`` and ``PartialState``
+    (which ``save_state`` reads), with the FSDP plugin accelerate built from the launch's ``FSDP_*`` variables.
+    Nothing happens unless FSDP2 was asked and accelerate chose ``MULTI_CPU``; returns whether it corrected. If the
+    correction does not take (a later accelerate), a RuntimeError says so rather than a silent DDP run."""
+    import accelerate
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if not fsdp2_asked(environ) or accelerator.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables, as accelerate reads them on a GPU
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    if not (accelerator.is_fsdp2 and PartialState().distributed_type == DistributedType.FSDP
+            and accelerator.state.fsdp_plugin is plugin):
+        raise RuntimeError(f"accelerate {accelerate.__version__} no longer takes replrl's FSDP2-on-CPU correction "
+                           "(replrl.policy.fsdp2_on_cpu): the run would not be sharded")
+    return True
+
+
+def fsdp_wrap_decoder_layers(accelerator: Any, model: Any) -> None:
+    """Under FSDP2, make the decoder layers the units ``fully_shard`` wraps, found from the model (its
+    ``_no_split_modules``, under peft too), unless the accelerate config names a size-based policy or its own
+    classes. The ``TokenScorer`` prepared around the model stays the root unit: it holds the embeddings, the final
+    norm and the LM head, so its chunked LM head runs on parameters gathered once per forward."""
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if not getattr(accelerator, "is_fsdp2", False) or plugin is None:
+        return
+    if plugin.auto_wrap_policy is size_based_auto_wrap_policy or plugin.transformer_cls_names_to_wrap:
+        return
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    layers = list(getattr(model, "_no_split_modules", None) or [])
+    if not layers:
+        raise ConfigError(f"FSDP2: {type(model).__name__} names no decoder layer class (_no_split_modules): set "
+                          "fsdp_transformer_layer_cls_to_wrap in the accelerate config")
+    plugin.auto_wrap_policy = transformer_auto_wrap_policy
+    plugin.transformer_cls_names_to_wrap = layers
 
 
 def mixed_precision(cfg: ModelConfig, cpu: bool) -> str:

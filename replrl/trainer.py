@@ -43,7 +43,7 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import close_generator, open_generator, sleep_generator, wake_generator
+from .backends import backend_class, close_generator, open_generator, sleep_generator, wake_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
@@ -57,6 +57,8 @@ from .policy import (
     check_distributed,
     check_trainable,
     enable_gradient_checkpointing,
+    fsdp2_on_cpu,
+    fsdp_wrap_decoder_layers,
     load_policy,
     mixed_precision,
 )
@@ -160,14 +162,28 @@ class Trainer:
         # otherwise broadcast them at each synchronised forward
         precision = mixed_precision(cfg.model, cpu)
         _fresh_accelerator_state(precision)
+        check_distributed(None)  # what the launch asked (FSDP1, DeepSpeed, ...): refused in one line
         self.accelerator = Accelerator(cpu=cpu, mixed_precision=precision,
                                        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
-        check_distributed(self.accelerator.distributed_type)  # FSDP, DeepSpeed, ...: refused in one line
+        fsdp2_on_cpu(self.accelerator)  # an FSDP2 config on a CPU: sharded over gloo, not accelerate's silent DDP
+        check_distributed(self.accelerator.distributed_type)  # and what accelerate chose (XLA, ...)
         # Processes (`accelerate launch`): each rank rolls out whole problems (a GRPO group never spans ranks), the
         # update runs through the model accelerate prepared (DDP reduces the gradients, bucketed and overlapped with
         # the backward), and only the main process writes files (nanoGPT's master_process).
         self.main = self.accelerator.is_main_process
+        self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
+        """The model is sharded (FSDP2): every rank holds a part of each parameter, gradient and AdamW state."""
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        if self.fsdp and cfg.loss.kl_coef > 0:
+            raise ConfigError("loss.kl_coef > 0 keeps a whole reference model on every rank, which FSDP2 would not "
+                              "shard: set loss.kl_coef = 0 under FSDP2, or train under DDP")
+        if self.fsdp and backend_class(cfg.model.backend).__name__ != "HFGenerator":
+            raise ConfigError("model.backend vllm under FSDP2 is not tested yet (its weight sync streams buckets "
+                              "gathered from the shards, tested under DDP and on 2 FSDP2 ranks without an engine): "
+                              "set model.backend = hf under FSDP2, or train under DDP")
+        if self.fsdp and cfg.model.lora_rank > 0:
+            raise ConfigError("model.lora_rank > 0 under FSDP2 is not supported yet (checkpoints and the merged "
+                              "final model): train LoRA under DDP, whose per-rank memory LoRA already keeps small")
         if cfg.rollout.problems_per_step < self.world:
             raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
                               f"processes ({self.world}): each process rolls out whole problems")
@@ -219,6 +235,7 @@ class Trainer:
         if scorer.unused_parameters():  # trainable parameters outside the decoder and the LM head: DDP looks for them
             self.accelerator.ddp_handler = DistributedDataParallelKwargs(broadcast_buffers=False,
                                                                          find_unused_parameters=True)
+        fsdp_wrap_decoder_layers(self.accelerator, model)  # FSDP2: the decoder layers are the sharded units
         self.scorer, self.optimizer = self.accelerator.prepare(scorer, optimizer)
         """The update's scoring module as accelerate prepared it (DDP under several processes): every forward of the
         update goes through it, so the wrapper's gradient reduction runs."""
@@ -247,6 +264,11 @@ class Trainer:
         self._resumed = resume
         if resume:
             self._resume()
+        self._gathered = False
+        """FSDP2 with the hf backend: the whole weights are gathered for the rollouts (``_gather_for_rollouts``)."""
+        self._root_ran = False
+        """The FSDP root (the prepared scorer) has run a forward, which initialises every unit."""
+        self._gather_for_rollouts()
         self.metrics = MetricsWriter(self.run_dir, resume_after=self.step, trackers=open_trackers(
             cfg.run.report_to, self.run_dir, cfg.run.project, to_dict(cfg), self.step)) if self.main else NullMetrics()
         if self.main:  # which code and libraries this stretch of the run ran on (a resumed run may differ)
@@ -285,7 +307,10 @@ class Trainer:
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir)
         assert path is not None
-        state = checkpoint.load_state(path, self.optimizer, self.scheduler)
+        if self.fsdp:
+            state = checkpoint.load_sharded(path, self.scorer, self.optimizer.optimizer, self.scheduler)
+        else:
+            state = checkpoint.load_state(path, self.optimizer, self.scheduler)
         self.step = state["step"]
         self.problems.position = state["data_position"]
         log.info("resumed from %s (step %d)", path, self.step)
@@ -332,7 +357,9 @@ class Trainer:
         bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not (self.progress and self.main), dynamic_ncols=True)
         local_problems = self._local_problems()
-        limits = dataclasses.replace(cfg.rollout.limits(), uid_base=70000 + 20000 * self.rank)  # own uids per rank
+        # own kernel uids per rank of this machine (uids are per machine: the local rank, not the global one)
+        limits = dataclasses.replace(cfg.rollout.limits(),
+                                     uid_base=70000 + 20000 * self.accelerator.local_process_index)
         pool = run_sync(KernelPool(size=cfg.rollout.group_size * local_problems, limits=limits,
                                    tools=self.task.tools, refill=cfg.rollout.kernel_refill).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
@@ -403,6 +430,90 @@ class Trainer:
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.accelerator.device)
         torch.distributed.all_reduce(t)
         return float(t.item())
+
+    def _max_over_ranks(self, values: list[int]) -> list[int]:
+        """The largest of each of ``values`` over the processes."""
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.long, device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
+
+    def _all_ranks(self, flags: list[bool]) -> list[bool]:
+        """Whether each of ``flags`` holds on every process."""
+        if self.world == 1:
+            return list(flags)
+        t = torch.tensor([int(f) for f in flags], dtype=torch.long, device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        return [bool(v) for v in t.tolist()]
+
+    def _sum_and_max_over_ranks(self, value: float, count: int) -> tuple[float, int]:
+        """(the sum of ``value``, the largest ``count``) over the processes, in one collective."""
+        if self.world == 1:
+            return value, count
+        mine = torch.tensor([float(value), float(count)], dtype=torch.float64, device=self.accelerator.device)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        torch.distributed.all_gather(every, mine)
+        return float(sum(float(t[0]) for t in every)), int(max(float(t[1]) for t in every))
+
+    def _weights_checksum(self) -> float:
+        """The sum of every weight of the policy: each rank's own copy under DDP (the ranks' must agree); under FSDP2
+        the sum over ranks of each rank's shards (one figure, the same on every rank), or of the gathered weights."""
+        from torch.distributed.tensor import DTensor
+
+        params = list(self.model.parameters())
+        local = sum(float((p.to_local() if isinstance(p, DTensor) else p).detach().double().sum()) for p in params)
+        if self.world > 1 and any(isinstance(p, DTensor) for p in params):
+            return self._sum_over_ranks(local)
+        return local
+
+    def _fsdp_units(self) -> list[Any]:
+        """The FSDP2 units of the prepared scorer: the decoder layers, then the root (the TokenScorer)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return [m for m in self.scorer.modules() if isinstance(m, FSDPModule)][::-1]
+
+    def _gather_for_rollouts(self) -> None:
+        """FSDP2 with a generator that samples from the policy itself (hf): the whole weights gathered once, after
+        the update, for the rollouts and evaluations, so that ranks with different numbers of lines never wait on
+        each other (every sampling forward would otherwise gather the parameters: a collective). Costs the whole
+        model in memory, in the all-gather dtype, until ``_reshard`` before the next update. A vLLM engine holds its
+        own copy: nothing to gather."""
+        if not self.fsdp or self._gathered or hasattr(self.generator, "engine"):
+            return
+        if not self._root_ran:  # FSDP initialises its units in the root's first forward: one before any layer
+            ids = torch.full((1, 2), self.pad_id, device=self.accelerator.device)  # runs alone in a rollout
+            with torch.no_grad():
+                self.scorer(ids, torch.ones_like(ids), self.sampling, with_entropy=False)
+            self._root_ran = True
+        for unit in self._fsdp_units():
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        self._gathered = True
+
+    def _reshard(self) -> None:
+        """Free what ``_gather_for_rollouts`` gathered: each unit back to its shard, resharding after forward again
+        (the decoder layers as the accelerate config says, the root never, as torch's default for it)."""
+        if not self._gathered:
+            return
+        plugin = self.accelerator.state.fsdp_plugin
+        units = self._fsdp_units()
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(bool(plugin.reshard_after_forward) and unit is not units[-1],
+                                           recurse=False)
+        self._gathered = False
+
+    @contextlib.contextmanager
+    def _sharded(self) -> Any:
+        """The weights as shards for the block (a checkpoint's state dicts), gathered again after it if they were."""
+        gathered = self._gathered
+        self._reshard()
+        try:
+            yield
+        finally:
+            if gathered:
+                self._gather_for_rollouts()
 
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes and GPU memory; nothing for the HF backend). The trainer
@@ -504,7 +615,7 @@ class Trainer:
             sleep_generator(self.generator)
         update_stats = self.update(batch, adv)
         if self.world > 1:  # the mean over ranks of each rank's update statistics
-            update_stats["weights_checksum"] = float(sum(p.detach().double().sum() for p in self.model.parameters()))
+            update_stats["weights_checksum"] = self._weights_checksum()
             per_rank = gather_object([update_stats])
             sums = [r.pop("weights_checksum") for r in per_rank]
             update_stats = {k: sum(r[k] for r in per_rank) / len(per_rank) for k in per_rank[0]}
@@ -534,8 +645,15 @@ class Trainer:
         return StepResult(self.step, metrics, trajs)
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
-        """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches."""
+        """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches.
+
+        Every rank runs the same collectives in the same order, whatever its share of the step's rows (trees and
+        dynamic sampling deal ranks different numbers): as many minibatches, micro-batches and no-grad scoring
+        passes as the rank with the most, the missing ones padded with micro-batches of weight 0, and a backward
+        skipped only where every rank skips it. DDP needs it for its one reduction a minibatch, FSDP for every
+        forward and backward (each gathers the parameters)."""
         cfg, device = self.cfg, self.accelerator.device
+        self._reshard()
         self.model.train()
         B = batch["input_ids"].shape[0]
         sampling = self.sampling
@@ -550,27 +668,38 @@ class Trainer:
         count = micros = skipped = empty = 0
         kl_term = ref is not None and bool(cfg.loss.kl_coef)
         gen = torch.Generator().manual_seed(cfg.run.seed + self.step)
+        scored_adv = adv.masked_fill(batch["loss_mask"] == 0, 0.0)                           # [B, T]
+        # torch.chunk gives fewer parts than asked for some sizes (5 rows in 4: 3 parts): the most over the ranks
+        n_minibatches = self._max_over_ranks([len(torch.arange(B).chunk(cfg.optim.minibatches))])[0]
         for _ in range(cfg.optim.epochs):
             order = torch.randperm(B, generator=gen) if cfg.optim.minibatches > 1 else torch.arange(B)
-            for mb in order.chunk(cfg.optim.minibatches):
+            minibatches = list(order.chunk(cfg.optim.minibatches))
+            minibatches += [order[:0]] * (n_minibatches - len(minibatches))  # empty: padding micro-batches only
+            for mb in minibatches:
                 self.optimizer.zero_grad(set_to_none=True)
                 weights, share = self._micro_weights(batch, mb)
-                skipped_before = skipped
-                # zero advantage on every scored token and no KL term: the gradient is exactly zero, so only the
-                # forward runs (for the logged statistics), without autograd and without a backward
-                skips = [self.skip_zero_gradient and not kl_term and not bool(
-                    adv[micro].masked_fill(batch["loss_mask"][micro] == 0, 0.0).any()) for micro, _ in weights]
+                # zero advantage on every scored token (or a weight of 0) and no KL term: the gradient is exactly
+                # zero, so only the forward runs (for the logged statistics), without autograd and without a
+                # backward; under several ranks, only where every rank's micro-batch j is so
+                skippable = self.skip_zero_gradient and not kl_term
+                skips = [skippable and (w == 0.0 or not bool(scored_adv[micro].any())) for micro, w, _ in weights]
                 order = list(range(len(weights)))
-                if self.world > 1:  # DDP reduces in the minibatch's last backward, which every rank must run: the
-                    order.sort(key=lambda k: not skips[k])  # skipped micro-batches go first, and the last one runs
-                    skips[order[-1]] = False                # its backward even at a zero gradient
+                if self.world > 1:
+                    skips = self._all_ranks(skips)
+                    # DDP reduces in the minibatch's last backward, which every rank must run: the skipped
+                    # micro-batches go first (the same order on every rank), and the last one runs its backward
+                    # even at a zero gradient
+                    order.sort(key=lambda k: not skips[k])
+                    skips[order[-1]] = False
                 for j in order:
-                    (micro, weight), skip = weights[j], skips[j]
+                    (micro, weight, padding), skip = weights[j], skips[j]
                     ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
                     T = int(att.sum(1).max())
                     ids, att, lm = ids[:, :T], att[:, :T], lm[:, :T]                        # [b, T]
-                    # gradients accumulate locally until the last backward, whose DDP hooks reduce them
-                    sync = contextlib.nullcontext() if j == order[-1] else self.accelerator.no_sync(self.scorer)
+                    # gradients accumulate locally until the last backward, whose DDP hooks reduce them (FSDP:
+                    # every backward reduce-scatters into the sharded gradients, which never exist whole)
+                    reduce = j == order[-1] or self.fsdp
+                    sync = contextlib.nullcontext() if reduce else self.accelerator.no_sync(self.scorer)
                     with sync, torch.no_grad() if skip else contextlib.nullcontext():
                         logp, entropy = self.scorer(ids, att, sampling, self.banned(self._vocab()), loss_mask=lm)
                         loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device),
@@ -579,15 +708,17 @@ class Trainer:
                                                 kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
                         if not skip:
                             self.accelerator.backward(loss * (weight * share * self._grad_scale))
+                    if padding:  # a stand-in for another rank's micro-batch: no statistics of its own
+                        continue
                     micros, skipped = micros + 1, skipped + skip
                     stats["entropy"] = float(masked_mean(entropy, lm))
                     stats["loss"] = float(loss.detach())
                     for k, v in stats.items():
                         totals[k] = totals.get(k, 0.0) + float(v) * weight
                 params = [p for p in self.model.parameters() if p.requires_grad]
-                if skipped - skipped_before == len(weights):  # every backward of this minibatch was skipped: zero
-                    for p in params:  # gradients, as computed ones (AdamW still decays and moves by momentum; it
-                        if p.grad is None:  # would skip a None gradient)
+                if all(skips):  # every backward of this minibatch was skipped (one process): zero gradients, as
+                    for p in params:  # computed ones (AdamW still decays and moves by momentum; it would skip a
+                        if p.grad is None:  # None gradient)
                             p.grad = torch.zeros_like(p)
                 norm = self.accelerator.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
@@ -597,6 +728,7 @@ class Trainer:
                     continue
                 self.optimizer.step()
         self.model.eval()
+        self._gather_for_rollouts()
         out = {k: v / count for k, v in totals.items()}
         out["optimizer_steps"] = count - empty
         out["optimizer_steps_skipped"] = empty
@@ -604,12 +736,13 @@ class Trainer:
         return out
 
     def _micro_weights(self, batch: dict[str, torch.Tensor],
-                       mb: torch.Tensor) -> tuple[list[tuple[torch.Tensor, float]], float]:
+                       mb: torch.Tensor) -> tuple[list[tuple[torch.Tensor, float, bool]], float]:
         """Micro-batches of a minibatch with the weight of each loss so their sum is this rank's minibatch loss, and
         this rank's share of the minibatch over all ranks (tokens, sequences or episodes, as ``loss.agg`` counts):
-        summed over ranks, ``share * loss`` is the loss of the whole minibatch."""
+        summed over ranks, ``share * loss`` is the loss of the whole minibatch. Padded to as many micro-batches as
+        the rank with the most, with stand-ins of weight 0 (the batch's first row; True in third place)."""
         agg, lm = self.cfg.loss.agg, batch["loss_mask"]
-        micros = list(mb.chunk(max(1, math.ceil(len(mb) / self.cfg.optim.micro_batch))))
+        micros = list(mb.chunk(math.ceil(len(mb) / self.cfg.optim.micro_batch))) if len(mb) else []
         if agg == "token_mean":
             size = lambda m: float(lm[m].sum())  # noqa: E731
         elif agg == "seq_mean":
@@ -617,24 +750,31 @@ class Trainer:
         else:
             size = lambda m: float(len(m))  # noqa: E731
         local = size(mb)
-        total = self._sum_over_ranks(local)
-        return [(m, size(m) / (local or 1.0)) for m in micros], (local / total if total else 0.0)
+        total, most = self._sum_and_max_over_ranks(local, max(len(micros), 1))
+        padding = [(torch.arange(1), 0.0, True)] * (most - len(micros))
+        return [(m, size(m) / (local or 1.0), False) for m in micros] + padding, (local / total if total else 0.0)
 
     def _vocab(self) -> int:
         return self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
 
     @torch.no_grad()
     def _logprobs_no_grad(self, scorer: Any, batch: dict[str, torch.Tensor], sampling: SamplingParams) -> torch.Tensor:
-        """Log-probs [B, T] of the batch's tokens under ``scorer`` (a ``TokenScorer``, wrapped or not)."""
+        """Log-probs [B, T] of the batch's tokens under ``scorer`` (a ``TokenScorer``, wrapped or not). Every rank
+        runs as many forwards as the rank with the most micro-batches (FSDP gathers the parameters in each): the
+        missing ones score the batch's first row, for nothing."""
         device = self.accelerator.device
         out = torch.zeros_like(batch["old_logprobs"])
-        for micro in torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch):
+        micros = list(torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch))
+        most = self._max_over_ranks([len(micros)])[0]
+        for k in range(max(most, len(micros))):
+            micro = micros[k] if k < len(micros) else torch.arange(1)
             ids, att = batch["input_ids"][micro].to(device), batch["attention_mask"][micro].to(device)
             lm = batch["loss_mask"][micro].to(device)
             T = int(att.sum(1).max())
             logp, _ = scorer(ids[:, :T], att[:, :T], sampling, self.banned(self._vocab()), lm[:, :T],
                              with_entropy=False)
-            out[micro, :T] = logp.float().cpu()
+            if k < len(micros):
+                out[micro, :T] = logp.float().cpu()
         return out
 
     # -- evaluation and checkpoints --------------------------------------------------------------------------
@@ -699,17 +839,29 @@ class Trainer:
 
     def save_model(self, out: str | Path | None = None) -> Path | None:
         """The policy as it is now, in Hugging Face format, to ``out`` (default RUN/model; written by the main
-        process): a LoRA model merged into its base weights, its adapter kept in ``adapter/`` beside them."""
+        process): a LoRA model merged into its base weights, its adapter kept in ``adapter/`` beside them. Under
+        FSDP2 every rank must call it: the main process writes the full state dict gathered from the shards."""
+        full = None
+        if self.fsdp:
+            with self._sharded():
+                full = checkpoint.full_state_dict(self.scorer, prefix="lm.")
         if not self.main:
             return None
         return checkpoint.save_model(out or self.run_dir / checkpoint.MODEL_DIR,
                                      self.accelerator.unwrap_model(self.model), self.tokenizer, self.step,
-                                     base_model=self.cfg.model.name)
+                                     base_model=self.cfg.model.name, state_dict=full)
 
     def save(self) -> Path | None:
-        """A checkpoint of this step (written by the main process; every rank holds the same state)."""
+        """A checkpoint of this step (written by the main process; every rank holds the same state. FSDP2: every
+        rank writes its shards, the main process the rest)."""
         model = self.model
         self._saved_step = self.step
+        if self.fsdp:
+            with self._sharded():
+                return checkpoint.save_sharded(self.run_dir, self.step, self.scorer, model, self.tokenizer,
+                                               self.optimizer.optimizer, self.scheduler,
+                                               {"data_position": self.problems.position},
+                                               keep=self.cfg.run.keep_checkpoints)
         path, error = None, None
         if self.main:
             try:

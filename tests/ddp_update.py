@@ -1,13 +1,21 @@
 """One ``Trainer.update`` on a fixed synthetic batch, in one process or under ``accelerate launch`` (each rank takes
-every world-th row): the 2-process test compares the weights and gradients both leave (tests/test_multiprocess.py).
+its share of the rows): the 2-process tests compare the weights and gradients both leave (tests/test_multiprocess.py).
 
-    python -m tests.ddp_update MODEL_DIR OUT.pt            # one process, the whole batch
-    accelerate launch --multi_gpu --num_processes 2 -m tests.ddp_update MODEL_DIR OUT.pt   # DDP over 2 CPU processes
+    python -m tests.ddp_update MODEL_DIR OUT.pt [SPLIT]            # one process, the whole batch
+    accelerate launch --multi_gpu --num_processes 2 -m tests.ddp_update MODEL_DIR OUT.pt [SPLIT]   # 2 CPU processes
 
 The batch: 8 rows of 32 tokens (random ids the sampler may write; the second half of each row is "sampled"), old
-log-probs the policy's own, advantages +-1 per row with rows 1, 3, 4 and 6 at zero. With micro_batch 2, rank 0's
-rows are 0, 2, 4, 6 (its last micro-batch, rows 4 and 6, has no advantage: its backward runs anyway, it carries
-DDP's reduction) and rank 1's are 1, 3, 5, 7 (its first micro-batch has none: skipped, no_sync).
+log-probs the policy's own, advantages +-1 per row with rows 1, 3, 4 and 6 at zero (and 5 too, uneven splits).
+
+SPLIT "strided" (the default): rank r takes every world-th row from r. With micro_batch 2, rank 0's rows are 0, 2, 4,
+6 (its last micro-batch, rows 4 and 6, has no advantage: its backward runs anyway, it carries DDP's reduction) and
+rank 1's are 1, 3, 5, 7 (its first micro-batch has none: skipped, no_sync).
+SPLIT "uneven": rank 0 takes rows 0-4 (micro-batches 0-1, 2-3, 4: the last without advantage), rank 1 rows 5-7
+(5-6 without advantage, 7, and a zero-weight stand-in for the third): every rank runs 3 forwards and 2 backwards
+(micro-batch 0 of rank 1 runs its backward because rank 0's does), and the gradients are the whole batch's.
+SPLIT "minibatches": rank 0 takes rows 0-5, rank 1 rows 6-7, in 4 minibatches: 3 parts of 2 rows on rank 0, 2 parts
+of 1 row on rank 1 (torch.chunk), so rank 1 pads a whole minibatch of stand-ins: both ranks take 3 optimizer steps.
+Each rank counts the scorer's forwards (with and without autograd) and its backwards; every rank saves its own file.
 """
 
 from __future__ import annotations
@@ -18,26 +26,29 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from replrl.config import Config
 from replrl.configlib import resolve
 from replrl.trainer import Trainer
 
 B, T = 8, 32
-ZERO_ROWS = (1, 3, 4, 6)
+ZERO_ROWS = {"strided": (1, 3, 4, 6), "uneven": (1, 3, 4, 5, 6), "minibatches": (1, 3, 4, 6)}
+ROWS = {"uneven": ((0, 1, 2, 3, 4), (5, 6, 7)), "minibatches": ((0, 1, 2, 3, 4, 5), (6, 7))}
 
 
-def config(model_dir: str) -> Config:
+def config(model_dir: str, split: str = "strided") -> Config:
     return resolve(Config, None, {
         "model": {"name": model_dir, "chat_template": False, "device": "cpu"},
         "task": {"name": "tests.toy:EchoTask"},
         "rollout": {"group_size": 4, "problems_per_step": 2, "temperature": 1.0},
-        "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 2},
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 2, "minibatches": 4 if split == "minibatches" else 1},
         "run": {"tensorboard": False, "eval_n": 0, "time_budget_min": 0},
     })
 
 
-def synthetic_batch(trainer: Trainer) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def synthetic_batch(trainer: Trainer, split: str = "strided") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The same batch on every process (seeded; the old log-probs are the policy's own, scored by every rank)."""
     vocab = trainer._vocab()
     masks = trainer.banned(vocab)
@@ -51,27 +62,63 @@ def synthetic_batch(trainer: Trainer) -> tuple[dict[str, torch.Tensor], torch.Te
     with torch.no_grad():
         batch["old_logprobs"] = trainer._logprobs_no_grad(trainer.scorer, batch, trainer.sampling)
     sign = torch.tensor([1.0, -1.0] * (B // 2))
-    sign[list(ZERO_ROWS)] = 0.0
+    sign[list(ZERO_ROWS[split])] = 0.0
     return batch, loss_mask * sign[:, None]                            # [B, T]
 
 
-def main(model_dir: str, out: str) -> None:
+def whole(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A detached full copy of a tensor (a DTensor gathered from its shards: every rank must call it)."""
+    if t is None:
+        return None
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def counting(trainer: Trainer) -> dict[str, int]:
+    """Counts of the scorer's forwards (with and without autograd) and of the update's backwards, as they happen."""
+    counts = {"forwards": 0, "no_grad_forwards": 0, "backwards": 0}
+    scorer = trainer.accelerator.unwrap_model(trainer.scorer)
+
+    def forward_hook(module: torch.nn.Module, args: object, output: object) -> None:
+        counts["forwards" if torch.is_grad_enabled() else "no_grad_forwards"] += 1
+
+    scorer.register_forward_hook(forward_hook)
+    backward = trainer.accelerator.backward
+
+    def counted_backward(loss: torch.Tensor, **kwargs: object) -> None:
+        counts["backwards"] += 1
+        backward(loss, **kwargs)
+
+    trainer.accelerator.backward = counted_backward
+    return counts
+
+
+def main(model_dir: str, out: str, split: str = "strided") -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         # every rank needs the same run directory: the main process makes it, the others find it
-        run = Path(out).parent / "ddp-run" if "RANK" in os.environ else Path(tmp) / "run"
-        trainer = Trainer(config(model_dir), run, progress=False)
+        run = Path(out).parent / f"ddp-run-{split}" if "RANK" in os.environ else Path(tmp) / "run"
+        trainer = Trainer(config(model_dir, split), run, progress=False)
         rank, world = trainer.rank, trainer.world
-        batch, adv = synthetic_batch(trainer)
-        rows = torch.arange(B)[rank::world]
+        batch, adv = synthetic_batch(trainer, split)
+        rows = torch.tensor(ROWS[split][rank]) if world == 2 and split in ROWS else torch.arange(B)[rank::world]
         local = {k: v[rows] for k, v in batch.items()}
-        stats = [trainer.update(local, adv[rows]) for _ in range(2)]  # a second step: AdamW with momentum
+        counts = counting(trainer)
+        # a second step: AdamW with momentum; old log-probs scored again (minibatches > 1): no-grad forwards too
+        stats = [trainer.update(local, adv[rows]) for _ in range(2)]
+        trainer._reshard()  # FSDP2 with hf: the update ends with the weights gathered for the rollouts; the shards
+        params = list(trainer.model.parameters())
+        sharded = isinstance(params[0], DTensor)
+        # FSDP2: every rank gathers every tensor (a collective each), in the same order
+        record = {"params": [whole(p) for p in params], "grads": [whole(p.grad) for p in params],
+                  "stats": stats, "world": world, "wrapper": type(trainer.scorer).__name__, "counts": counts,
+                  "rows": len(rows), "sharded": sharded, "fsdp": trainer.fsdp,
+                  "units": [n for n, m in trainer.scorer.named_modules() if isinstance(m, FSDPModule)]}
         if trainer.main:
-            torch.save({"params": [p.detach().clone() for p in trainer.model.parameters()],
-                        "grads": [p.grad.detach().clone() for p in trainer.model.parameters()],
-                        "stats": stats, "world": world, "wrapper": type(trainer.scorer).__name__}, out)
+            torch.save(record, out)
+        elif split != "strided":
+            torch.save(record, f"{out}.rank{rank}")
         trainer.accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

@@ -335,12 +335,15 @@ def trained_logprobs(model, prompt: list[int], line: list[int], params: Sampling
     return logp[0, len(prompt):]
 
 
-@pytest.mark.parametrize("lora, transport", [(False, "shm"), (True, "shm"), (False, "rpc")])
-def test_sync_weights_after_an_optimizer_step(gen, tok, lora, transport, monkeypatch):
+@pytest.mark.parametrize("lora, transport, bucket", [(False, "shm", 2**30), (True, "shm", 2**30),
+                                                     (False, "rpc", 2**30), (False, "shm", 1), (True, "rpc", 1)])
+def test_sync_weights_after_an_optimizer_step(gen, tok, lora, transport, bucket, monkeypatch):
     """A probe line is cached under the old weights; after one optimizer step and sync_weights, the engine's
     log-probs of the same probe are the trained model's (not the old ones, not read from a stale prefix cache).
-    Both transports: the shared-memory file (the default) and bytes through vLLM's RPC."""
+    Both transports: the shared-memory file (the default) and bytes through vLLM's RPC; the whole model in one
+    bucket, and streamed in buckets of one decoder layer (or one other weight) each, every bucket its own load."""
     monkeypatch.setattr(gen, "sync_transport", transport)
+    monkeypatch.setattr(gen, "sync_bucket_bytes", bucket)
     model = tiny_model(tok, seed=11, head_dim=64)
     if lora:
         from peft import LoraConfig, get_peft_model

@@ -1,6 +1,6 @@
 """`accelerate launch` with 2 CPU processes (gloo): each rank rolls out its share of the step's problems with its own
 kernel pool, the update runs through the DDP wrapper accelerate prepared (which reduces the gradients), only the main
-process writes, and resume continues both ranks. Settings replrl does not train under (FSDP) are refused."""
+process writes, and resume continues both ranks. Settings replrl does not train under (FSDP1) are refused."""
 
 from __future__ import annotations
 
@@ -69,23 +69,53 @@ def test_ddp_update_over_two_processes_equals_one_process_over_the_whole_batch(f
         torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.skipif(torch.__version__ < "2.6", reason="torch < 2.6: accelerate stops an FSDP config on a CPU itself "
-                    "(FSDP2 needs torch 2.6, FSDP1 a GPU), before replrl's check")
-def test_fsdp_is_refused_in_one_line_at_start(tmp_path):
-    """An accelerate config asking for FSDP is refused before any work, not bypassed (nor DeepSpeed, Megatron...).
-    On a machine without GPUs accelerate itself turns it into DDP over CPU processes without a word: replrl reads
-    what was asked."""
+@pytest.mark.parametrize("split", ["uneven", "minibatches"])
+def test_ranks_with_different_shares_of_the_batch_run_the_same_collectives(format_model_dir, tmp_path, split):
+    """Ranks dealt different numbers of rows (trees, dynamic sampling) and zero-advantage micro-batches on one rank
+    only: every rank runs as many forwards and backwards as the other (padding with zero-weight stand-ins, skipping a
+    backward only where both skip it) and as many optimizer steps, which FSDP needs (each forward and backward
+    gathers the parameters); the gradients still equal one process's over the whole batch (tests/ddp_update.py)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    runs = [(accelerate_launch("-m", "tests.ddp_update"), two)]
+    if split == "uneven":
+        runs.append(([sys.executable, "-m", "tests.ddp_update"], one))
+    for cmd, out in runs:
+        done = subprocess.run([*cmd, str(format_model_dir), str(out), split], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    r0, r1 = torch.load(two), torch.load(f"{two}.rank1")
+    assert (r0["rows"], r1["rows"]) == ((5, 3) if split == "uneven" else (6, 2))
+    assert r0["counts"] == r1["counts"], "a rank ran another number of forwards or backwards"
+    for p0, p1 in zip(r0["params"], r1["params"], strict=True):
+        assert torch.equal(p0, p1), "the ranks' weights diverged"
+    if split == "uneven":  # per update 3 micro-batches: 0-1 and 2-3 (rank 1: 5-6, 7) back-propagated, the third not
+        assert r0["counts"] == {"forwards": 4, "no_grad_forwards": 2, "backwards": 4}
+        a = torch.load(one)
+        for sa, sb in zip(a["stats"], r0["stats"], strict=True):
+            assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
+        for ga, gb in zip(a["grads"], r0["grads"], strict=True):
+            torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+    else:  # rank 0: 6 rows in 3 minibatches of 2; rank 1: 2 of 1 and a stand-in one; old log-probs: 3 passes each
+        assert all(s["optimizer_steps"] == 3 for s in r0["stats"] + r1["stats"])
+        assert r0["counts"]["no_grad_forwards"] + r0["counts"]["forwards"] == 2 * (3 + 3)
+
+
+def test_fsdp1_is_refused_in_one_line_at_start(tmp_path):
+    """An accelerate config asking for FSDP1 is refused before any work, not bypassed (nor DeepSpeed, Megatron...):
+    read from what the launch asked, before accelerate stops it on a CPU with an error of its own (FSDP2:
+    tests/test_fsdp.py)."""
     config = tmp_path / "fsdp.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 1\n"
-                      "num_processes: 2\nmixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 2\n")
+                      "num_processes: 2\nmixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 1\n")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
            str(free_port()), "-m", "replrl", "train", "examples/smoke.toml", "--no-progress", "--model.device",
            "cpu", "--run-dir", str(tmp_path / "run")]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
     assert done.returncode != 0
-    assert "accelerate's distributed type FSDP is not supported by replrl; supported: one process or DDP" in \
-        done.stderr, done.stderr[-3000:]
+    assert "accelerate's distributed type FSDP with fsdp_version 1 is not supported by replrl; supported: one " \
+        "process, DDP" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -65,19 +65,24 @@ def test_a_model_vllm_table_loads_from_toml_and_is_written_back(tmp_path):
 
 
 # -- distributed settings ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["NO", "MULTI_CPU", "MULTI_GPU"])
-def test_one_process_and_ddp_are_accepted(kind):
-    check_distributed(kind, environ={})
+@pytest.mark.parametrize("kind, env", [("NO", {}), ("MULTI_CPU", {}), ("MULTI_GPU", {}),
+                                       ("FSDP", {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}),
+                                       ("MULTI_CPU", {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}),  # CPU
+                                       (None, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"})])  # before
+def test_one_process_ddp_and_fsdp2_are_accepted(kind, env):
+    check_distributed(kind, environ=env)
 
 
 @pytest.mark.parametrize("kind, env", [("FSDP", {}), ("DEEPSPEED", {}), ("MEGATRON_LM", {}), ("XLA", {}),
                                        ("MULTI_CPU", {"ACCELERATE_USE_FSDP": "true"}),      # accelerate's CPU fallback
-                                       ("MULTI_GPU", {"ACCELERATE_USE_DEEPSPEED": "true"})])
+                                       (None, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}),
+                                       ("MULTI_GPU", {"ACCELERATE_USE_DEEPSPEED": "true"}),
+                                       (None, {"ACCELERATE_USE_MEGATRON_LM": "true"})])
 def test_other_distributed_settings_are_refused_naming_what_is_supported(kind, env):
-    with pytest.raises(ConfigError, match=r"^accelerate's distributed type \w+ is not supported by replrl; "
-                                          r"supported: one process or DDP") as e:
+    with pytest.raises(ConfigError, match=r"^accelerate's distributed type \w+( with fsdp_version 1)? is not "
+                                          r"supported by replrl; supported: one process, DDP .* or FSDP2") as e:
         check_distributed(kind, environ=env)
-    assert "\n" not in str(e.value) and ("FSDP" in str(e.value))
+    assert "\n" not in str(e.value) and "not FSDP1, DeepSpeed or Megatron" in str(e.value)
 
 
 # -- precision -----------------------------------------------------------------------------------------------------

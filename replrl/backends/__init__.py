@@ -77,13 +77,14 @@ def open_generator(model_cfg: Any, model: Any, tokenizer: Any, *, device: Any = 
     [model]'s options reach a backend, for every door (the Trainer, ``replrl.evaluate``/``sample_episodes``,
     ``replrl eval``/``rollout``, bench/): ``backend``, ``device``, ``sync_timeout_s``, ``sync_transport``,
     ``gpu_memory_utilization``, and the engine arguments of ``vllm_engine_args`` ([model.vllm], ``compute_dtype``,
-    ``vllm_sleep``).
+    ``vllm_sleep``), ``sync_bucket_mb``.
 
     ``device``: where to sample (the Trainer's accelerator device); None: ``model_cfg.device``, whose ``auto`` leaves
     the choice to the backend. ``max_rows``: the most episodes sampled at once (vLLM sizes its engine for them).
     ``opts``: further constructor options (a bench's), dropped where the backend does not declare them."""
     if device is None and model_cfg.device != "auto":
         device = model_cfg.device
+    opts.setdefault("sync_bucket_bytes", int(model_cfg.sync_bucket_mb * 2**20))
     return load_generator(model_cfg.backend, model, tokenizer, device=device, sync_timeout_s=model_cfg.sync_timeout_s,
                           sync_transport=model_cfg.sync_transport,
                           gpu_memory_utilization=model_cfg.gpu_memory_utilization, max_rows=max_rows,

@@ -86,6 +86,7 @@ except Exception as e:  # not installed, or installed against another torch (e.g
 from replrl.backends import BackendError  # noqa: E402
 from replrl.backends.sampling import TokenMasks, eos_ids, line_end_ids, row_seed, token_masks  # noqa: E402
 from replrl.backends.step_log import StepLog  # noqa: E402
+from replrl.backends.weight_buckets import plan, stream  # noqa: E402
 from replrl.types import LineSample, SamplingParams  # noqa: E402
 
 _T = TypeVar("_T")
@@ -208,19 +209,23 @@ class WeightSyncExtension:
     serializer keeps bytes as they are, where tensors in untyped arguments would arrive as lists).
     """
 
-    def replrl_load_weights(self, table: list[tuple[str, str, list[int], int]], buffer: bytes) -> int:
-        """Copy named weights (Hugging Face names, as in a checkpoint) into the worker's model; returns how many."""
-        return self._replrl_reload(table, torch.frombuffer(bytearray(buffer), dtype=torch.uint8))
+    def replrl_load_weights(self, table: list[tuple[str, str, list[int], int]], buffer: bytes,
+                            partial: bool = False) -> int:
+        """Copy named weights (Hugging Face names, as in a checkpoint) into the worker's model; returns how many.
+        ``partial``: one bucket of a streamed sync (whole layers; the others keep their weights, unlogged)."""
+        return self._replrl_reload(table, torch.frombuffer(bytearray(buffer), dtype=torch.uint8), partial)
 
-    def replrl_load_shared(self, path: str, nbytes: int, table: list[tuple[str, str, list[int], int]]) -> int:
+    def replrl_load_shared(self, path: str, nbytes: int, table: list[tuple[str, str, list[int], int]],
+                           partial: bool = False) -> int:
         """The same from the shared-memory file ``path`` (mapped once, kept mapped while the file stays the same)."""
         mapped = getattr(self, "_replrl_shared", None)
         if mapped is None or mapped[0] != (path, nbytes):
             mapped = ((path, nbytes), torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8))
             self._replrl_shared = mapped
-        return self._replrl_reload(table, mapped[1])
+        return self._replrl_reload(table, mapped[1], partial)
 
-    def replrl_load_cuda(self, handle: bytes, gpu_uuid: str, table: list[tuple[str, str, list[int], int]]) -> int:
+    def replrl_load_cuda(self, handle: bytes, gpu_uuid: str, table: list[tuple[str, str, list[int], int]],
+                         partial: bool = False) -> int:
         """The same from the trainer's CUDA buffer (``CudaWeights``), opened by CUDA IPC once and kept open: a
         device-to-device copy into the engine's weights. ``gpu_uuid`` is the trainer's GPU: the engine must be on
         the same one."""
@@ -236,7 +241,7 @@ class WeightSyncExtension:
             args[6] = device.index if device.index is not None else torch.cuda.current_device()  # this process's
             mapped = (handle, rebuild(*args))
             self._replrl_cuda = mapped
-        loaded = self._replrl_reload(table, mapped[1])
+        loaded = self._replrl_reload(table, mapped[1], partial)
         torch.cuda.synchronize(mapped[1].device)  # read to the end before the trainer may write the buffer again
         return loaded
 
@@ -248,12 +253,21 @@ class WeightSyncExtension:
             setattr(self, name, None)
         return len(held)
 
-    def _replrl_reload(self, table: list[tuple[str, str, list[int], int]], flat: torch.Tensor) -> int:
+    def _replrl_reload(self, table: list[tuple[str, str, list[int], int]], flat: torch.Tensor,
+                       partial: bool = False) -> int:
         # vLLM's in-place reload: checkpoint-format weights through each layer's loader, then the layer's
-        # post-processing again (e.g. the CPU's repacked linear weights)
-        self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=[(name, _unflatten(flat, dtype, shape, offset)) for name, dtype, shape, offset in table]
-        )
+        # post-processing again (e.g. the CPU's repacked linear weights). A layer that gets no weight in this call
+        # (another bucket's) keeps its tensors, with a warning per layer that a partial load would repeat each sync
+        quiet = logging.getLogger("vllm.model_executor.model_loader.reload")
+        level = quiet.level
+        if partial:
+            quiet.setLevel(logging.ERROR)
+        try:
+            self.reload_weights(  # type: ignore[attr-defined]
+                weights_iterator=[(name, _unflatten(flat, dtype, shape, offset))
+                                  for name, dtype, shape, offset in table])
+        finally:
+            quiet.setLevel(level)
         return len(table)
 
 
@@ -423,6 +437,16 @@ class merged:  # noqa: N801  (a context manager named for what it does)
     def __exit__(self, *exc: Any) -> None:
         if self.peft:
             self.model.unmerge_adapter()
+
+
+class _EngineBucket:
+    """The ``weight_buckets.Transport`` of a sync: each bucket into the generator's engine."""
+
+    def __init__(self, gen: VLLMGenerator, transport: str, deadline: float, partial: bool):
+        self.gen, self.transport, self.deadline, self.partial = gen, transport, deadline, partial
+
+    def send(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self.gen._load_bucket(bucket, self.transport, self.deadline, self.partial)
 
 
 class _LoopThread:
@@ -715,6 +739,7 @@ class VLLMGenerator:
         seed: int = 0,
         sync_transport: str = "auto",
         sync_timeout_s: float = 300.0,
+        sync_bucket_bytes: int = 2**30,
         max_rows: int | None = None,
         engine_args: dict[str, Any] | None = None,
         step_stats: bool = False,
@@ -724,6 +749,8 @@ class VLLMGenerator:
         if not sync_timeout_s > 0:
             raise ValueError("sync_timeout_s must be > 0")
         self.sync_transport, self.sync_timeout_s = sync_transport, float(sync_timeout_s)
+        self.sync_bucket_bytes = int(sync_bucket_bytes)
+        """The weight sync's bucket size (``weight_buckets.plan``: whole decoder layers, a larger layer alone)."""
         self._shared: FlatWeights | None = None
         self._ipc_failed = False
         self.last_sync_s = float("nan")
@@ -813,7 +840,7 @@ class VLLMGenerator:
         t0 = time.perf_counter()
         deadline = t0 + self.sync_timeout_s
         with merged(model), torch.no_grad():
-            named = list(hf_weights(model))
+            named = list(hf_weights(model))  # under FSDP2 DTensor shards: each bucket gathers its own (every rank)
             transport = self._transport(named)
             try:
                 self._load(named, transport, deadline)
@@ -843,23 +870,37 @@ class VLLMGenerator:
         return "cuda_ipc" if on_gpu and not self._ipc_failed else "shm"
 
     def _load(self, named: list[tuple[str, torch.Tensor]], transport: str, deadline: float) -> None:
-        """Write the weights for ``transport`` and have the worker load them."""
+        """Stream the weights to the worker in buckets (``weight_buckets``): each gathered, written for
+        ``transport`` into a buffer the size of the largest bucket, and loaded, before the next."""
+        buckets = plan(named, self.sync_bucket_bytes)
         if transport in ("shm", "cuda_ipc"):
             kind = CudaWeights if transport == "cuda_ipc" else SharedWeights
-            if not isinstance(self._shared, kind) or not self._shared.fits(named):
+            largest = max(buckets, key=lambda b: weight_table([named[i] for i in b])[1])
+            sized = [named[i] for i in largest]  # shapes and dtypes only (a DTensor's are the whole tensor's)
+            if not isinstance(self._shared, kind) or self._shared.nbytes < weight_table(sized)[1]:
                 if self._shared is not None:
                     self._shared.close()
                 self._shared = None
-                self._shared = kind(named)
+                self._shared = kind(sized)
+        stream(named, _EngineBucket(self, transport, deadline, partial=len(buckets) > 1), self.sync_bucket_bytes)
+
+    def _load_bucket(self, bucket: list[tuple[str, torch.Tensor]], transport: str, deadline: float,
+                     partial: bool) -> None:
+        """Write one bucket of whole tensors for ``transport`` and have the worker load it."""
+        if transport in ("shm", "cuda_ipc"):
             shared = self._shared
-            shared.write(named)
+            assert shared is not None
+            table, _ = weight_table(bucket)
+            for (_, dtype, shape, offset), (_, t) in zip(table, bucket, strict=True):
+                _unflatten(shared.flat, dtype, shape, offset).copy_(t)
             if isinstance(shared, CudaWeights):
-                method, args = "replrl_load_cuda", (shared.handle, shared.gpu_uuid, shared.table)
+                torch.cuda.synchronize(shared.flat.device)  # the worker reads on its own stream, in another process
+                method, args = "replrl_load_cuda", (shared.handle, shared.gpu_uuid, table, partial)
             else:
                 assert isinstance(shared, SharedWeights)
-                method, args = "replrl_load_shared", (shared.path, shared.nbytes, shared.table)
+                method, args = "replrl_load_shared", (shared.path, shared.nbytes, table, partial)
         else:
-            method, args = "replrl_load_weights", pack_weights(named)
+            method, args = "replrl_load_weights", (*pack_weights(bucket), partial)
         # the bound is ours, not vLLM's: a collective_rpc timeout inside the engine kills the engine core
         self._bounded(self.engine.collective_rpc(method, args=args), deadline)
 

@@ -1,0 +1,138 @@
+"""FSDP2 through accelerate on 2 CPU processes (gloo): an accelerate config with ``distributed_type: FSDP`` and
+``fsdp_version: 2`` shards the policy's parameters, gradients and AdamW state (accelerate alone would run DDP on a
+CPU: replrl corrects its state in ``policy.fsdp2_on_cpu``), the decoder layers are the wrapped units, and the update
+equals one process's over the same batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_multiprocess import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6),
+                                 reason="FSDP2 (fully_shard through accelerate) needs torch >= 2.6; written against "
+                                        "2.13 on the CPU")]
+
+FSDP2_CPU = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+use_cpu: true
+num_machines: 1
+num_processes: 2
+machine_rank: 0
+mixed_precision: 'no'
+fsdp_config:
+  fsdp_version: 2
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+"""
+"""What a user with 2 CPU processes writes (no wrap policy, no layer class: replrl finds the decoder layers)."""
+
+
+def fsdp2_launch(tmp_path: Path, *args: str) -> list[str]:
+    config = tmp_path / "fsdp2_cpu.yaml"
+    config.write_text(FSDP2_CPU)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
+            str(free_port()), *args]
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_fsdp2_update_over_two_cpu_processes_is_sharded_and_equals_one_process(format_model_dir, tmp_path):
+    """The update of tests/ddp_update.py (ranks with 5 and 3 rows, a zero-advantage micro-batch on one rank only)
+    under an FSDP2 config: accelerate's FSDP2 path ran (is_fsdp2; if a later accelerate ignores replrl's correction
+    this fails here, loudly, instead of training under DDP), parameters are DTensors sharded over the 2 ranks, every
+    rank ran the same forwards and backwards, and the gradients equal one process's over the whole batch."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    run([sys.executable, "-m", "tests.ddp_update", str(format_model_dir), str(one), "uneven"])
+    run(fsdp2_launch(tmp_path, "-m", "tests.ddp_update", str(format_model_dir), str(two), "uneven"))
+    a, r0, r1 = torch.load(one), torch.load(two), torch.load(f"{two}.rank1")
+    assert (r0["fsdp"], r0["sharded"], r0["wrapper"]) == (True, True, "FSDPTokenScorer")
+    assert r0["units"] == r1["units"] == ["", "lm.model.layers.0", "lm.model.layers.1"], \
+        "the decoder layers are the wrapped units, the TokenScorer the root (with embeddings, norm and LM head)"
+    assert r0["counts"] == r1["counts"] == {"forwards": 4, "no_grad_forwards": 2, "backwards": 4}
+    for sa, sb in zip(a["stats"], r0["stats"], strict=True):
+        assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
+    for ga, gb in zip(a["grads"], r0["grads"], strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
+def test_replrl_train_under_fsdp2_checkpoints_resumes_like_an_uninterrupted_run_and_writes_one_model(
+        format_model_dir, tmp_path):
+    """`accelerate launch --config_file <FSDP2> -m replrl train` on 2 CPU processes: rollouts from the gathered
+    weights (hf backend), sharded updates, a checkpoint per step (every rank's shards through
+    torch.distributed.checkpoint, the Hugging Face model from the full state dict), RUN/model at the end. Resumed
+    from step 2's checkpoint, step 3 equals the uninterrupted run's step 3, and both write the same RUN/model,
+    which transformers loads."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from replrl import checkpoint
+    from replrl.metrics import read_metrics
+
+    toy = ["--model.name", str(format_model_dir), "--model.chat_template", "false", "--model.device", "cpu",
+           "--task.name", "tests.toy:EchoTask", "--rollout.max_lines", "3", "--rollout.max_line_tokens", "12",
+           "--rollout.temperature", "1.0", "--run.eval_n", "0", "--no-progress"]
+    run_dir, again = tmp_path / "run", tmp_path / "again"
+    run(fsdp2_launch(tmp_path, "-m", "replrl", "train", "examples/smoke.toml", "--run-dir", str(run_dir),
+                     "--run.max_steps", "3", *toy))
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["grad_norm"] > 0
+    assert all(r["rank_weight_drift"] == 0.0 for r in rows)
+    step3 = checkpoint.latest(run_dir)
+    assert step3.name == "step-000003" and (step3 / checkpoint.SHARDED_DIR / ".metadata").exists()
+    assert not (step3 / "optimizer.pt").exists(), "under FSDP2 the optimizer state is in the shards"
+
+    shutil.copytree(run_dir, again)  # the same run, as if killed after step 2's checkpoint
+    (again / "checkpoints" / "LATEST").write_text("step-000002")
+    shutil.rmtree(again / "checkpoints" / "step-000003")
+    shutil.rmtree(again / "model")
+    run(fsdp2_launch(tmp_path, "-m", "replrl", "train", "--resume", str(again), *toy))
+    resumed = read_metrics(again)
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for key in ("reward_mean", "grad_norm", "loss", "data_position", "weights_checksum"):
+        if key in rows[2]:
+            assert resumed[2][key] == pytest.approx(rows[2][key], rel=1e-6, abs=1e-9), key
+    assert json.loads((checkpoint.latest(again) / "state.json").read_text())["step"] == 3
+
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    final_again = AutoModelForCausalLM.from_pretrained(again / "model")
+    start = AutoModelForCausalLM.from_pretrained(format_model_dir)
+    for (name, a), b in zip(final.state_dict().items(), final_again.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.equal(a, c) for a, c in zip(final.state_dict().values(), start.state_dict().values()))
+
+
+def test_weight_sync_streams_fsdp2_shards_in_bounded_buckets_without_splitting_a_layer(tmp_path):
+    """tests/weight_stream.py on 2 CPU processes: a tiny Llama sharded by fully_shard is streamed (every rank
+    gathering the same tensors in the same order) in buckets of 1.5 layers and of 1 byte. Every rank receives every
+    weight whole and equal to the unsharded model's, in order; no decoder layer is split over buckets; no bucket
+    holds more than max(bound, one layer): the extra memory of a sync, against the whole model."""
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         "-m", "tests.weight_stream", str(tmp_path)])
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    layer, model = r0["layer_bytes"], r0["model_bytes"]
+    for label, most_buckets in (("1.5 layers", 3), ("1 byte", 6)):  # 3 layers + embeddings, norm, head
+        for r in (r0, r1):
+            got = r[label]
+            names = [n for b in got["buckets"] for n in b["names"]]
+            assert len(names) == 30 and names[0] == "model.embed_tokens.weight" and names[-1] == "lm_head.weight"
+            assert all(b["diff"] == 0.0 for b in got["buckets"]), "a gathered weight differs from the model's"
+            layers = [{n.split(".")[2] for n in b["names"] if n.startswith("model.layers.")} for b in got["buckets"]]
+            assert sum(len(s) for s in layers) == 3, "a decoder layer split over two buckets"
+            assert got["figures"]["buckets"] == most_buckets and got["figures"]["bytes"] == model
+            assert got["figures"]["largest_bucket_bytes"] <= max(got["bound"], layer) < model
