@@ -98,11 +98,7 @@ def _install_seccomp():
     filter cannot read, says ENOSYS, so the C library falls back to ``clone``, whose flags it can."""
     import errno
 
-    try:
-        import seccomp
-    except ImportError:
-        import pyseccomp as seccomp
-
+    seccomp = _import_seccomp()
     newuser = 0x10000000  # CLONE_NEWUSER
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     for name in ("add_key", "request_key", "keyctl"):
@@ -111,6 +107,38 @@ def _install_seccomp():
         rules.add_rule(seccomp.ERRNO(errno.EPERM), name, seccomp.Arg(0, seccomp.MASKED_EQ, newuser, newuser))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     rules.load()
+
+
+def _import_seccomp():
+    """libseccomp's own Python binding where installed, else pyseccomp (API-compatible, on PyPI). pyseccomp finds its
+    libraries with ``ctypes.util.find_library``, which runs ``ldconfig``/``gcc`` (80 ms of CPU per kernel boot): the
+    usual sonames are tried first."""
+    try:
+        import seccomp
+
+        return seccomp
+    except ImportError:
+        pass
+    import ctypes
+    import ctypes.util
+
+    slow = ctypes.util.find_library
+
+    def fast(name):
+        for soname in {"c": ("libc.so.6",), "seccomp": ("libseccomp.so.2",)}.get(name, ()):
+            try:
+                ctypes.CDLL(soname)
+                return soname
+            except OSError:
+                pass
+        return slow(name)
+
+    ctypes.util.find_library = fast
+    try:
+        import pyseccomp
+    finally:
+        ctypes.util.find_library = slow
+    return pyseccomp
 
 
 def _before_serving(cfg):

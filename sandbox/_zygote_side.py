@@ -277,6 +277,10 @@ def _preimport():
             importlib.import_module(name)
         except Exception:
             pass
+    try:
+        _import_seccomp()  # noqa: F821  (_kernel_side.py): every fork installs its filter from it
+    except Exception:
+        pass
 
 
 if globals().get("_ZYGOTE"):

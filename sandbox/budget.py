@@ -138,6 +138,7 @@ def memory_mechanism() -> tuple[str, str]:
                 import atexit
 
                 atexit.register(_remove_tree)
+                reap_stale_cgroups()  # those of earlier processes that were killed before they could remove theirs
                 return why, "memory of all of a kernel's processes together, in a cgroup of its own"
             reasons.append(why)
     else:

@@ -30,6 +30,9 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf", "passwd", "group",
              "hosts", "host.conf", "os-release", "mime.types", "ssl", "ca-certificates", "ca-certificates.conf")
 
+_SIDE = Path(__file__).with_name("_kernel_side.py").read_text()
+KERNEL_IMPORT_SECCOMP = _SIDE[_SIDE.index("def _import_seccomp():"):_SIDE.index("def _before_serving(cfg):")]
+"""The kernel program's ``_import_seccomp``: the host asks the same import whether the filter can be installed."""
 UID_SPAN = 20000
 """Kernel uids are drawn from ``[uid_base, uid_base + UID_SPAN)``."""
 _uid_counter = itertools.count(secrets.randbelow(UID_SPAN))
@@ -159,10 +162,9 @@ def seccomp_available() -> bool:
     (``seccomp``, or ``pyseccomp``, a dependency of replrl on Linux) import in this interpreter, which the kernels
     run too."""
     try:
-        try:
-            import seccomp  # type: ignore[import-not-found]
-        except ImportError:
-            import pyseccomp as seccomp  # type: ignore[import-not-found]
+        namespace: dict = {"_ZYGOTE": True}  # the kernel program's own import, without starting anything
+        exec(compile(KERNEL_IMPORT_SECCOMP, "_kernel_side.py", "exec"), namespace)
+        seccomp = namespace["_import_seccomp"]()
         seccomp.SyscallFilter(seccomp.ALLOW)
         return True
     except Exception:

@@ -46,8 +46,7 @@ ZYGOTE_SOURCE = "_ZYGOTE = True\n" + KERNEL_SOURCE + "\n" + Path(__file__).with_
 PREIMPORT = ("debugpy", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.comm", "ipykernel.debugger",
              "ipykernel.eventloops", "ipykernel.heartbeat", "ipykernel.iostream", "ipykernel.parentpoller",
              "IPython.core.completer", "IPython.core.interactiveshell", "jupyter_client.session", "comm",
-             "jedi", "sqlite3", "uuid", "hmac", "pickle", "code", "codeop", "reprlib", "hashlib", "errno", "ctypes",
-             "seccomp", "pyseccomp")
+             "jedi", "sqlite3", "uuid", "hmac", "pickle", "code", "codeop", "reprlib", "hashlib", "errno", "ctypes")
 """Modules a kernel imports during its start (ipykernel imports some only then): the zygote imports them first."""
 READY_TIMEOUT_S = 60.0
 
