@@ -506,7 +506,8 @@ def test_a_pool_survives_a_soak_of_hostile_episodes_and_leaks_nothing(tmp_path, 
     after_dirs = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(PREFIX)}
     assert after_dirs - before_dirs == set()
     assert not any(z.alive for z in zygotes)
-    if budget_mod._tree is not None:
+    if budget_mod._tree is not None:  # a fork-bombed namespace can take seconds to empty on a loaded machine
+        assert budget_mod.flush(wait_s=10.0) == 0, "a kernel cgroup outlived its kernel"
         assert budget_mod._children(budget_mod._tree.parent) == [], "a kernel cgroup outlived its kernel"
 
 
