@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import secrets
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -448,10 +447,3 @@ def dir_usage(path: str, stop_at: int) -> int:
                     todo.append(entry.path)
     return total
 
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process group led by ``pid`` (a kernel's bwrap or namespace init)."""
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)

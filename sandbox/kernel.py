@@ -64,7 +64,6 @@ class KernelProcess:
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self._pidfd: int | None = None
-        self._kdir_fd: int | None = None
         self._reader: asyncio.Task | None = None
         self._closed = False
         self.uid: int | None = None
@@ -126,10 +125,10 @@ class KernelProcess:
             os.mkdir(os.path.join(self.kdir, name), 0o700)
         self._sock_fd = os.open(os.path.join(self.kdir, "sock"), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
                                 | os.O_CLOEXEC)
-        self._key = secrets.token_hex(16)
-        self.session = Session(key=self._key.encode(), signature_scheme="hmac-sha256", username="replrl")
+        key = secrets.token_hex(16)
+        self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="replrl")
         with open(os.path.join(self.kdir, "connection.json"), "x") as f:
-            json.dump({"transport": "ipc", "ip": os.path.join(view, "sock", "k"), "key": self._key,
+            json.dump({"transport": "ipc", "ip": os.path.join(view, "sock", "k"), "key": key,
                        "signature_scheme": "hmac-sha256", **PORTS}, f)
         self.log = KernelLog.create(os.path.join(self.kdir, "kernel.log"))
         memory = self.limits.memory_mb * 2**20 if self.limits.memory_mb else None
@@ -315,10 +314,9 @@ class KernelProcess:
             self.log.close()
         if self.budget is not None:
             self.budget.close()
-        for fd in (self._kdir_fd, self._sock_fd):
-            if fd is not None:
-                os.close(fd)
-        self._kdir_fd = self._sock_fd = None
+        if self._sock_fd is not None:
+            os.close(self._sock_fd)
+            self._sock_fd = None
         if self.kdir is not None:
             remove_kernel_dir(self.kdir, self._kdir_lock)
         if self._zygote is not None:
