@@ -1,0 +1,267 @@
+"""``VLLMGenerator``: vLLM's async engine started from a transformers model, on its own event loop thread; its
+sessions (``session.py``), its weight sync (``weights.py``, mixed in) and its line rule (``line_rule.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from replrl.backends import BackendError
+from replrl.backends.sampling import eos_ids, line_end_ids, token_masks
+from replrl.backends.step_log import StepLog
+from replrl.backends.vllm.line_rule import MASKS_FILE, LineRuleLogitsProcessor
+from replrl.backends.vllm.session import EngineStopped, VLLMSession
+from replrl.backends.vllm.weights import SYNC_TRANSPORTS, FlatWeights, WeightSync, WeightSyncExtension
+from replrl.types import SamplingParams
+
+_T = TypeVar("_T")
+
+VLLM_DEFAULT_MAX_NUM_SEQS = 128
+"""The requests vLLM's engine runs at once when it is started as replrl starts it (``SchedulerConfig``'s default)."""
+
+def _check_cpu_head_size(config: Any) -> None:
+    """vLLM's CPU attention takes only some head sizes, and finds out at the first forward pass, when the engine
+    dies: say so at once, in one line."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+    except Exception:  # another vLLM layout: let vLLM decide
+        return
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    if head_dim is not None and head_dim not in sizes:
+        raise BackendError(f"vLLM's CPU attention does not take the model's head size {head_dim} (it takes "
+                           f"{', '.join(map(str, sizes))}): use --model.backend hf for this model")
+
+
+
+def step_logger_class(log: StepLog) -> type:
+    """A vLLM stat logger class (vLLM makes one per engine, in this process) that appends every step to ``log``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase  # imported only when asked: the backend does without it
+
+    class _StepLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            log.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _StepLogger
+
+
+
+class _LoopThread:
+    """A private event loop on a daemon thread: the engine's home."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="replrl-vllm", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop (e.g. the engine's output handler), then stop the thread."""
+        if self.loop.is_running():
+            try:
+                self.call(_cancel_others(), timeout=10)
+            except Exception:  # a loop that cannot answer is stopped all the same
+                pass
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+async def _cancel_others() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+
+class VLLMGenerator(WeightSync):
+    """Generator over vLLM's async engine, started from a transformers model (see the module docstring).
+
+    ``model`` is the policy module (its config and dtype define the engine's model; its weights are copied in by
+    ``sync_weights``). ``kv_cache_gib`` is the KV cache's size (on the CPU, default 2 GiB); on a GPU, unless
+    ``kv_cache_gib`` is given, the engine takes ``gpu_memory_utilization`` of its memory (weights and KV cache; the
+    trainer holds its own copy beside it) and sizes its KV cache by profiling.
+    ``max_model_len`` bounds prompt plus line (default: the model's). ``logit_bias`` (id -> value) is added to the
+    logits before everything else, as an output-layer bias would be (tests use it to make tiny random models end
+    lines). ``sync_transport`` is how ``sync_weights`` moves the weights (``auto``: ``cuda_ipc`` when the trainer's
+    weights and the engine are on a GPU, else ``shm``; ``cuda_ipc``: a buffer on the trainer's GPU the worker opens
+    by CUDA IPC; ``shm``: a shared-memory file; ``rpc``: through vLLM's RPC), ``sync_timeout_s`` the bound on one
+    sync. ``max_rows`` is the most rows sessions hold at once (the trainer passes its kernel pool's size): when it
+    is more than vLLM's default of 128 requests (``max_num_seqs``), the engine gets room for that many. A row keeps
+    its request, and its place, while its line runs, so without it rows beyond 128 would wait for whole episodes
+    to end. ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are (and win). ``step_stats``: keep vLLM's
+    statistics of every engine step in ``step_log`` (a ``StepLog``; for benches: vLLM computes them only then).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str | torch.device | None = None,
+        kv_cache_gib: float | None = None,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
+        logit_bias: dict[int, float] | None = None,
+        seed: int = 0,
+        sync_transport: str = "auto",
+        sync_timeout_s: float = 300.0,
+        sync_bucket_bytes: int = 2**30,
+        max_rows: int | None = None,
+        engine_args: dict[str, Any] | None = None,
+        step_stats: bool = False,
+    ):
+        if sync_transport not in SYNC_TRANSPORTS:
+            raise ValueError(f"sync_transport must be one of {', '.join(SYNC_TRANSPORTS)}, not {sync_transport!r}")
+        if not sync_timeout_s > 0:
+            raise ValueError("sync_timeout_s must be > 0")
+        self.sync_transport, self.sync_timeout_s = sync_transport, float(sync_timeout_s)
+        self.sync_bucket_bytes = int(sync_bucket_bytes)
+        """The weight sync's bucket size (``weight_buckets.plan``: whole decoder layers, a larger layer alone)."""
+        self._shared: FlatWeights | None = None
+        self._ipc_failed = False
+        self.last_sync_s = float("nan")
+        """Seconds the last ``sync_weights`` took."""
+        self.last_sync_transport = ""
+        """The transport the last ``sync_weights`` used (``auto`` resolved)."""
+        self.tokenizer = tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self.logit_bias = dict(logit_bias) if logit_bias else None
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = base.config
+        generation_config = getattr(base, "generation_config", None)
+        self.eos = eos_ids(tokenizer, generation_config)
+        self.line_end = line_end_ids(tokenizer)
+        self.stop_ids = sorted(self.line_end | self.eos)
+        vocab = base.get_output_embeddings().weight.shape[0]
+        cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+        if not cuda:
+            _check_cpu_head_size(config)
+
+        self._dir = Path(tempfile.mkdtemp(prefix="replrl-vllm-"))
+        config.save_pretrained(self._dir)
+        if generation_config is not None:
+            generation_config.save_pretrained(self._dir)
+        tokenizer.save_pretrained(self._dir)
+        masks = token_masks(tokenizer, vocab)
+        torch.save({"anywhere": masks.anywhere, "line_start": masks.line_start}, self._dir / MASKS_FILE)
+
+        dtype = str(next(base.parameters()).dtype).removeprefix("torch.")
+        args: dict[str, Any] = dict(
+            model=str(self._dir), tokenizer=str(self._dir), load_format="dummy", dtype=dtype, seed=seed,
+            enable_prefix_caching=True, logprobs_mode="processed_logprobs", max_logprobs=0,
+            logits_processors=[LineRuleLogitsProcessor],
+            worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
+            max_model_len=max_model_len, disable_log_stats=True,
+        )
+        self._cuda = cuda
+        if cuda:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+            if kv_cache_gib is not None:  # a fixed KV cache: no memory profiling (which assumes no other process
+                args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)  # on the GPU changes its use meanwhile)
+            # vLLM 0.26 schedules asynchronously on CUDA by default, and its streaming-input requests then can keep
+            # tokens still in flight when a line stops (vLLM #35755, #52693): one step at a time, as on the CPU
+            args["async_scheduling"] = False
+        else:
+            args["kv_cache_memory_bytes"] = int((kv_cache_gib or 2.0) * 2**30)
+            # the smallest block the CPU attention takes: prompts shared between rows (a GRPO group's) are found
+            # in the prefix cache in whole blocks
+            args["block_size"] = 32
+            # vLLM 0.32 on the CPU fails a seeded request whose prompt is prefilled in chunks ("CPU Generator does
+            # not use offset"): whole prefills only (prompts and line chunks), in steps that fit the longest
+            # request. Line chunks are short and ride along with the other rows' decoding in one step: vLLM's
+            # scheduler takes running requests first, then waiting ones while the step's token budget lasts.
+            longest = max_model_len or getattr(config, "max_position_embeddings", None) or 8192
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(int(longest), 4096)
+        if max_rows is not None and max_rows > VLLM_DEFAULT_MAX_NUM_SEQS:
+            args["max_num_seqs"] = int(max_rows)
+        self.step_log = StepLog() if step_stats else None
+        if step_stats and "enable_logging_iteration_details" in AsyncEngineArgs.__dataclass_fields__:
+            args["enable_logging_iteration_details"] = True  # (vLLM 0.32; older versions report no step details)
+        args.update(engine_args or {})
+        self._loop = _LoopThread()
+        self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)
+        loggers = [step_logger_class(self.step_log)] if self.step_log is not None else None
+        self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args), loggers))
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir)
+        self.max_model_len = self.engine.model_config.max_model_len
+        self.sync_weights(model)
+
+    def session(self, prompts: list[list[int]], sampling: SamplingParams) -> VLLMSession:
+        """Open a session: one row per prompt."""
+        self._check_open()
+        return VLLMSession(self, prompts, sampling)
+
+    def _check_open(self) -> None:
+        if self.engine is None:
+            raise EngineStopped("this vLLM generator was closed (close(), Trainer.close()); load a new one")
+
+    def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine on the engine's event loop and wait for it (for direct use of ``self.engine``)."""
+        return self._loop.call(coro)
+
+    def close(self) -> None:
+        """Shut the engine down (its processes exit) and remove its config directory and shared weights."""
+        if self._shared is not None and self.engine is not None:
+            try:  # the worker lets go of the weight buffer first (best effort: the engine may be gone)
+                self._bounded(self.engine.collective_rpc("replrl_release"), time.perf_counter() + 10)
+            except Exception:
+                pass
+        self._finalizer()
+        if self._shared is not None:
+            self._shared.close()
+        # the last reference to the engine: collected now, not at interpreter exit, where its __del__ (shutdown
+        # again) would find vLLM's module globals already gone and print an ignored exception
+        self.engine = None  # type: ignore[assignment]
+
+
+async def _start(args: AsyncEngineArgs, stat_loggers: list[type] | None = None) -> AsyncLLM:
+    if stat_loggers and "stat_loggers" not in inspect.signature(AsyncLLM.from_engine_args).parameters:
+        logging.getLogger(__name__).warning("this vLLM takes no stat loggers: no per-step statistics (step_log)")
+        stat_loggers = None
+    return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers) if stat_loggers else \
+        AsyncLLM.from_engine_args(args)
+
+
+def _shutdown(engine: AsyncLLM | None, loop: _LoopThread, directory: Path) -> None:
+    if engine is not None:
+        try:  # the engine's output handler first: it would log the engine process's exit as an error
+            if loop.loop.is_running():
+                loop.call(_cancel_others(), timeout=10)
+        except Exception:  # a loop that cannot answer is stopped below all the same
+            pass
+        try:
+            engine.shutdown()
+        except Exception:  # already gone: nothing left to release
+            pass
+    loop.stop()
+    shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,258 @@
+"""A GenSession over vLLM's engine: each row is one resumable (streaming-input) request, fed one line at a time
+(see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import vllm
+from vllm.engine.protocol import StreamingInput
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from replrl.backends import BackendError
+from replrl.backends.sampling import row_seed
+from replrl.backends.vllm.line_rule import LINE_RULE_KEY
+from replrl.types import LineSample, SamplingParams
+
+if TYPE_CHECKING:
+    from replrl.backends.vllm.engine import VLLMGenerator
+
+TIMING_KEYS = ("first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
+"""``VLLMSession.timing``'s counters."""
+
+class EngineStopped(BackendError):
+    """vLLM's engine process stopped (the line is ours; vLLM's own log, printed above it, names the cause)."""
+
+
+
+@dataclass
+class _Row:
+    ids: list[int]
+    """The row's transcript so far (prompt, sampled lines, environment tokens)."""
+    lines: int = 0
+    future: Any = None
+    """The in-flight line (a concurrent.futures.Future on the engine's loop)."""
+    stream: _Stream | None = None
+    """The row's streaming request (created on the engine's loop by the first line)."""
+    sent: int = 0
+    """How many of ``ids`` the engine holds in the request's KV cache (all but the last sampled token)."""
+    finished: bool = False
+    restarts: int = 0
+    """Rollbacks so far: each ends the row's request; the next line starts a new one (its own id and seed)."""
+
+
+class _Stream:
+    """One row's resumable request on the engine's loop: line requests in (``chunks``), lines out (``lines``).
+
+    vLLM keeps a resumable request's KV blocks between its input chunks and continues it from there: the next
+    chunk is appended to the request, so a line's request prefills only its new tokens (the token that ended the
+    last line, which vLLM drops from a stopped turn, then the environment's). Lives and dies on the engine loop.
+    """
+
+    def __init__(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams,
+                 timing: dict[str, float] | None = None):
+        self.chunks: asyncio.Queue[tuple[list[int], vllm.SamplingParams] | None] = asyncio.Queue()
+        self.lines: asyncio.Queue[tuple[LineSample, int] | BaseException] = asyncio.Queue()
+        self.timing = timing if timing is not None else dict.fromkeys(TIMING_KEYS, 0.0)
+        self._sent = self._done = 0.0  # when the last chunk was handed over, when the last line came out
+        self.task = asyncio.ensure_future(self._run(gen, request_id, params))
+
+    async def _inputs(self) -> Any:
+        while (chunk := await self.chunks.get()) is not None:
+            ids, params = chunk
+            yield StreamingInput(vllm.TokensPrompt(prompt_token_ids=ids), params)
+
+    async def _run(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams) -> None:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        timing, first_at, first_n = self.timing, 0.0, 0
+        try:
+            async for out in gen.engine.generate(self._inputs(), params, request_id=request_id):
+                now = time.perf_counter()
+                completion = out.outputs[0]
+                new = list(completion.token_ids)
+                if not tokens and new:  # the line's first token(s)
+                    first_at, first_n = now, len(new)
+                    timing["first_token_s"] += now - self._sent
+                    timing["lines"] += 1
+                tokens += new
+                logprobs += [step[t].logprob for step, t in zip(completion.logprobs or [], new, strict=True)]
+                if completion.finish_reason is not None and tokens:
+                    timing["later_tokens_s"] += now - first_at
+                    timing["later_tokens"] += len(tokens) - first_n
+                    self._done = now
+                    last = tokens[-1]
+                    finish = "eos" if last in gen.eos else ("newline" if last in gen.line_end else "length")
+                    self.lines.put_nowait((LineSample(tokens, logprobs, finish), out.num_cached_tokens or 0))
+                    tokens, logprobs = [], []
+        except BaseException as e:  # the engine failed the request (or it was cancelled): fail the waiting line
+            self.lines.put_nowait(e if isinstance(e, Exception) else RuntimeError("request cancelled"))
+            raise
+        self.lines.put_nowait(RuntimeError("the row's request ended"))
+
+    async def line(self, ids: list[int], params: vllm.SamplingParams) -> tuple[LineSample, int]:
+        if self.task.done() and self.lines.empty():  # ended (aborted, failed) and its error already reported
+            raise RuntimeError("the row's vLLM request has ended")
+        self._sent = time.perf_counter()
+        if self._done:
+            self.timing["between_lines_s"] += self._sent - self._done
+        self.chunks.put_nowait((ids, params))
+        item = await self.lines.get()
+        if isinstance(item, EngineDeadError):
+            raise EngineStopped("vLLM's engine stopped (EngineDeadError): the engine's log above names the cause") \
+                from item
+        if isinstance(item, BaseException):
+            raise RuntimeError(f"vLLM request failed: {item!r}") from item
+        return item
+
+    async def close(self) -> None:
+        """End the request (vLLM frees its KV blocks) and wait until the engine has."""
+        if not self.task.done():
+            self.chunks.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
+            except BaseException:  # not ended in time, or failed: abort it
+                self.task.cancel()
+                await asyncio.gather(self.task, return_exceptions=True)
+
+    async def abort(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+class VLLMSession:
+    """A GenSession over a VLLMGenerator's engine (see the module docstring)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, gen: VLLMGenerator, prompts: list[list[int]], sampling: SamplingParams):
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("VLLMSession needs at least one prompt, and every prompt needs at least one token")
+        self._gen, self.sampling = gen, sampling
+        self._rows = [_Row(list(p)) for p in prompts]
+        self._name = f"replrl-{os.getpid()}-{next(self._ids)}"
+        self._closed = False
+        self.stats = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "sampled_tokens": 0, "rollbacks": 0,
+                      "dropped_tokens": 0}
+        """Counters: line requests; their transcripts' tokens; of which not computed again (kept in the row's
+        request, or found in the prefix cache); tokens sampled; rollbacks, and the context tokens they dropped."""
+        self.timing: dict[str, float] = dict.fromkeys(TIMING_KEYS, 0.0)
+        """Where a line's time goes, summed over rows (seconds; kept on the engine's loop): ``first_token_s``,
+        from a line's input handed to the engine to its first sampled token (queueing, prefill, one step), over
+        ``lines``; ``later_tokens_s``, from there to the line's last token, over ``later_tokens`` (so
+        ``later_tokens_s / later_tokens`` is the engine's time per step as a row sees it); ``between_lines_s``,
+        from a line out of the engine to the row's next input (the caller: running the line, and any wait)."""
+
+    def _params(self, i: int, room: int) -> vllm.SamplingParams:
+        s = self.sampling
+        # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it (a request
+        # after a rollback: a stream of its own)
+        seed = None if s.seed is None else row_seed(s.seed, i, self._rows[i].restarts)
+        return vllm.SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
+            max_tokens=min(s.max_line_tokens, room), logprobs=0, detokenize=False,
+            stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
+            logit_bias=self._gen.logit_bias, extra_args={LINE_RULE_KEY: True},
+        )
+
+    async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
+        if self._closed:
+            raise RuntimeError("session is closed")
+        row = self._rows[i]
+        if row.finished:
+            raise ValueError(f"row {i} is finished")
+        if row.future is not None:
+            raise RuntimeError(f"row {i} already has a pending next_line request")
+        row.ids.extend(env_ids)
+        room = self._gen.max_model_len - len(row.ids)
+        if room < 1:
+            raise ValueError(f"row {i}'s transcript ({len(row.ids)} tokens) fills the engine's max_model_len")
+        params = self._params(i, room)
+        chunk = row.ids[row.sent:]
+        request_id = f"{self._name}-{i}" + (f"-r{row.restarts}" if row.restarts else "")
+        restarts = row.restarts
+        row.future = future = self._gen._loop.submit(self._line(row, request_id, chunk, params))
+        try:
+            sample, cached = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if self._closed:
+                raise RuntimeError("session closed") from None
+            raise
+        finally:
+            if row.future is future:
+                row.future = None
+        if row.restarts != restarts:  # rolled back after the engine answered, before this coroutine resumed
+            raise asyncio.CancelledError
+        self.stats["requests"] += 1
+        self.stats["prompt_tokens"] += len(row.ids)
+        self.stats["cached_tokens"] += cached if row.sent == 0 else row.sent
+        self.stats["sampled_tokens"] += len(sample.token_ids)
+        row.ids.extend(sample.token_ids)
+        row.sent = len(row.ids) - 1
+        row.lines += 1
+        return sample
+
+    async def _line(self, row: _Row, request_id: str, chunk: list[int], params: vllm.SamplingParams
+                    ) -> tuple[LineSample, int]:
+        """On the engine's loop: the row's next line (its request started by the first)."""
+        if row.stream is None:
+            row.stream = _Stream(self._gen, request_id, params, self.timing)
+        stream = row.stream
+        try:
+            return await stream.line(chunk, params)
+        except asyncio.CancelledError:  # the caller gave up on the line (or rolled it back): the request cannot go on
+            await stream.abort()
+            if row.stream is stream:
+                row.stream = None
+            raise
+
+    async def rollback(self, i: int, length: int) -> None:
+        """Drop row ``i``'s tokens after its first ``length`` (see ``GenSession.rollback``). A streaming request
+        can only grow, so the row's request is aborted (its line in flight with it) and its next line starts a new
+        request over the kept transcript: the prefix cache holds its whole blocks (the row's own, computed before),
+        so the new request prefills about one block. The new request's seed is derived from the session's, the row
+        and the restart count (never the first request's again)."""
+        if self._closed:
+            raise RuntimeError("session is closed")
+        row = self._rows[i]
+        if row.finished:
+            raise ValueError(f"row {i} is finished")
+        if not 1 <= length <= len(row.ids):
+            raise ValueError(f"row {i} holds {len(row.ids)} context tokens: cannot keep {length}")
+        future, stream = row.future, row.stream
+        row.future, row.stream = None, None
+        self.stats["rollbacks"] += 1
+        self.stats["dropped_tokens"] += len(row.ids) - length
+        row.ids, row.sent = row.ids[:length], 0
+        row.restarts += 1
+        if future is not None:
+            future.cancel()  # its _line aborts the request on the engine's loop
+        if stream is not None:  # gone from the engine before the row's next request
+            await asyncio.wrap_future(self._gen._loop.submit(stream.abort()))
+
+    def finish(self, i: int) -> None:
+        row = self._rows[i]
+        row.finished = True
+        if row.future is not None:
+            row.future.cancel()  # aborts the request in the engine
+        elif row.stream is not None:
+            self._gen._loop.submit(row.stream.close())
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for row in self._rows:
+            if row.future is not None:
+                row.future.cancel()
+        streams = [row.stream for row in self._rows if row.stream is not None]
+        if streams:
+            await asyncio.wrap_future(self._gen._loop.submit(_close_all(streams)))
+
+
+async def _close_all(streams: list[_Stream]) -> None:
+    await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
