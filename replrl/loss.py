@@ -24,23 +24,38 @@ def masked_mean(x: Tensor, loss_mask: Tensor) -> Tensor:
     return x.where(on, 0.0).sum() / on.sum().clamp(min=1)                  # []
 
 
+def agg_units(loss_mask: Tensor, agg: Aggregation) -> Tensor:
+    """How many units ``aggregate`` averages over in loss_mask [B, T] (a [] tensor): masked tokens ("token_mean"),
+    sequences with a masked token ("seq_mean"), sequences ("constant", whose loss divides by them times max_len).
+
+    The one statement of the GRPO aggregation rule: ``aggregate`` divides by it, and the trainer weighs each
+    micro-batch's and each rank's loss by it, so their weighted sum is the loss of the whole minibatch.
+    """
+    on = loss_mask > 0                                                     # [B, T]
+    if agg == "token_mean":
+        return on.sum()                                                    # []
+    if agg == "seq_mean":
+        return (on.sum(-1) > 0).sum()                                      # []
+    if agg == "constant":
+        return torch.tensor(on.shape[0])                                   # []
+    raise ValueError(f"agg must be 'token_mean', 'seq_mean' or 'constant', got {agg!r}")
+
+
 def aggregate(x: Tensor, loss_mask: Tensor, agg: Aggregation = "token_mean", max_len: int | None = None) -> Tensor:
-    """Reduce per-token values x [B, T] over loss_mask to a scalar.
+    """Reduce per-token values x [B, T] over loss_mask to a scalar: the masked values' sum over ``agg_units``.
 
     "token_mean": sum / number of masked tokens in the batch (DAPO). "seq_mean": mean over each sequence's masked
     tokens, then over the sequences that have any (original GRPO). "constant": sum / (B * max_len), max_len
     defaulting to T (Dr. GRPO: no length normalisation, so long and short answers weigh the same per token).
     """
-    if agg == "token_mean":
-        return masked_mean(x, loss_mask)                                   # []
+    units = agg_units(loss_mask, agg)                                      # []
     x = x.where(loss_mask > 0, 0.0)                                        # [B, T]
-    n_tok = (loss_mask > 0).sum(-1)                                        # [B]
+    if agg == "token_mean":
+        return x.sum() / units.clamp(min=1)                                # []
     if agg == "seq_mean":
-        per_seq = x.sum(-1) / n_tok.clamp(min=1)                           # [B]
-        return per_seq.sum() / (n_tok > 0).sum().clamp(min=1)              # []
-    if agg == "constant":
-        return x.sum() / (x.shape[0] * (max_len or x.shape[1]))            # []
-    raise ValueError(f"agg must be 'token_mean', 'seq_mean' or 'constant', got {agg!r}")
+        per_seq = x.sum(-1) / (loss_mask > 0).sum(-1).clamp(min=1)         # [B]
+        return per_seq.sum() / units.clamp(min=1)                          # []
+    return x.sum() / (units * (max_len or x.shape[1]))                     # []  (constant)
 
 
 def k3(log_ratio: Tensor) -> Tensor:

@@ -50,7 +50,7 @@ from .configlib import ConfigError, to_dict, to_toml
 from .draw import ProblemStream, Ranks, draw_step
 from .dynamic_sampling import WAVE_SEED_STRIDE, group_has_contrast
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
-from .loss import TokenScorer, grpo_loss, masked_mean
+from .loss import TokenScorer, agg_units, grpo_loss, masked_mean
 from .metrics import EvalWaves, MetricsWriter, check_trackers, open_trackers
 from .policy import (
     apply_lora_config,
@@ -743,12 +743,7 @@ class Trainer:
         the rank with the most, with stand-ins of weight 0 (the batch's first row; True in third place)."""
         agg, lm = self.cfg.loss.agg, batch["loss_mask"]
         micros = list(mb.chunk(math.ceil(len(mb) / self.cfg.optim.micro_batch))) if len(mb) else []
-        if agg == "token_mean":
-            size = lambda m: float(lm[m].sum())  # noqa: E731
-        elif agg == "seq_mean":
-            size = lambda m: float((lm[m].sum(1) > 0).sum())  # noqa: E731
-        else:
-            size = lambda m: float(len(m))  # noqa: E731
+        size = lambda m: float(agg_units(lm[m], agg))  # noqa: E731  (the loss's own rule: loss.agg_units)
         local = size(mb)
         total, most = self._sum_and_max_over_ranks(local, max(len(micros), 1))
         padding = [(torch.arange(1), 0.0, True)] * (most - len(micros))
