@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from replrl.loss import aggregate, grpo_loss, k3, masked_mean, token_logprobs, token_logprobs_and_entropy
+from replrl.loss import aggregate, agg_units, grpo_loss, k3, masked_mean, token_logprobs, token_logprobs_and_entropy
 from replrl.types import SamplingParams
 
 
@@ -66,6 +66,23 @@ def test_aggregation_modes():
     # seq_mean skips sequences with no sampled token: a third, empty row changes nothing
     x = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0], [5.0, 5.0, 5.0]])
     assert close(aggregate(x, torch.cat([loss_mask, torch.zeros(1, 3)]), "seq_mean"), 2.75)
+
+
+def test_agg_units_split_a_loss_into_parts_whose_weighted_sum_is_the_whole():
+    # the trainer weighs micro-batches (and ranks) by agg_units: sum_k units_k / units * aggregate_k == aggregate
+    #   rows: {1, 2} masked, {4} masked, none masked, {5} masked -> 4 tokens, 3 sequences with any, 4 sequences
+    x = torch.tensor([[1.0, 2.0, 9.0], [4.0, 9.0, 9.0], [9.0, 9.0, 9.0], [5.0, 9.0, 9.0]])
+    loss_mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [0, 0, 0], [1, 0, 0]])
+    expected = {"token_mean": 4, "seq_mean": 3, "constant": 4}
+    for agg, units in expected.items():
+        assert int(agg_units(loss_mask, agg)) == units
+        whole = aggregate(x, loss_mask, agg, max_len=5)
+        parts = [slice(0, 1), slice(1, 3), slice(3, 4)]
+        summed = sum(float(agg_units(loss_mask[p], agg)) / units * aggregate(x[p], loss_mask[p], agg, max_len=5)
+                     for p in parts)
+        assert close(summed, whole), agg
+    with pytest.raises(ValueError):
+        agg_units(loss_mask, "sum")
 
 
 def test_kl_k3():
