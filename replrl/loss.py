@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from replrl.backends.sampling import TokenMasks, line_starts, sampling_logprobs
+from replrl.contract import TokenMasks, line_starts, sampling_logprobs
 from replrl.types import SamplingParams
 
 Aggregation = Literal["token_mean", "seq_mean", "constant"]

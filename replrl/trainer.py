@@ -44,9 +44,9 @@ from .advantages import (
     line_advantage_stats,
 )
 from .backends import backend_class, close_generator, open_generator, sleep_generator, wake_generator
-from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
+from .contract import TokenMasks, token_masks
 from .draw import ProblemStream, Ranks, draw_step
 from .dynamic_sampling import WAVE_SEED_STRIDE, group_has_contrast
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config

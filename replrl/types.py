@@ -16,7 +16,7 @@ class SamplingParams:
 
     The log-probabilities a backend returns are those of the distribution it actually sampled from: logits divided
     by ``temperature``, tokens that contain a newline anywhere but at their end removed (the line rule), then
-    top-k / top-p truncation. ``replrl.backends.sampling.sampling_logprobs`` computes that quantity, and the
+    top-k / top-p truncation. ``replrl.contract.sampling_logprobs`` computes that quantity, and the
     trainer calls the same function, so sampler and trainer agree exactly.
     """
 

@@ -1,7 +1,7 @@
 """Generation backends behind the Generator protocol (see base.py), picked by name: ``load_generator("vllm", ...)``;
 ``open_generator(cfg.model, model, tokenizer)`` opens the one a config asks for, with all of [model]'s options.
 
-hf.py is the transformers one (KV cache per row, packed steps, samples from the training module itself); vllm.py
+hf.py is the transformers one (KV cache per row, packed steps, samples from the training module itself); vllm/
 is vLLM's async engine (prefix caching, weights copied in by ``sync_weights``). Backend modules are imported only
 when picked: vLLM is an optional dependency.
 """
@@ -14,17 +14,7 @@ import logging
 from typing import Any
 
 from replrl.backends.base import Generator, GenSession
-from replrl.backends.sampling import (
-    TokenMasks,
-    eos_ids,
-    line_end_ids,
-    line_starts,
-    newline_banned_mask,
-    sampling_logprobs,
-    token_masks,
-)
-from replrl.backends.vllm_check import VLLMInstallError
-from replrl.config import VLLM_OWNED_ARGS, check_vllm_table
+from replrl.backends.vllm_check import VLLM_OWNED_ARGS, VLLMInstallError, check_vllm_table
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +88,20 @@ def close_generator(generator: Any) -> None:
     close = getattr(generator, "close", None)
     if callable(close):
         close()
+
+
+_CONTRACT = ("TokenMasks", "eos_ids", "line_end_ids", "line_starts", "newline_banned_mask", "sampling_logprobs",
+             "token_masks")
+"""The sampler/trainer contract's names, re-exported from ``replrl.contract`` on first use (so importing this
+package, e.g. for ``vllm_check``, does not import torch)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONTRACT:
+        from replrl import contract
+
+        return getattr(contract, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["BACKENDS", "VLLM_OWNED_ARGS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class",

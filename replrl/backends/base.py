@@ -24,7 +24,7 @@ class GenSession(Protocol):
         The line ends at the first token whose text ends with a newline (finish "newline"), at an end-of-sequence
         token (finish "eos", the token included), or after ``max_line_tokens`` tokens (finish "length").
         The line's first token is one whose text begins with a space, or EOS (prompt healing: the environment's
-        prompt ends without its space, see ``replrl.backends.sampling``).
+        prompt ends without its space, see ``replrl.contract``).
         """
         ...
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from replrl.backends.attention import PackedKV, Segment, packed_attention
-from replrl.backends.sampling import (
+from replrl.contract import (
     TokenMasks,
     eos_ids,
     line_end_ids,

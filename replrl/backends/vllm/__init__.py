@@ -8,7 +8,7 @@ line costs what its new tokens cost; no transcript is re-sent or re-hashed, no p
 are independent requests: no row waits for another, and the engine batches whatever is waiting. A row's random
 stream is its request's (seeded from the session's seed and the row's index), independent of the other rows.
 
-The distribution sampled from is ``replrl.backends.sampling.sampling_logprobs``'s, inside vLLM:
+The distribution sampled from is ``replrl.contract.sampling_logprobs``'s, inside vLLM:
 
 - the line rule and prompt healing's line-start mask are a vLLM logits processor (``LineRuleLogitsProcessor``),
   given the same masks the trainer uses (``token_masks``, written next to the engine's config); the first token

@@ -20,11 +20,11 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from replrl.backends import BackendError
-from replrl.backends.sampling import eos_ids, line_end_ids, token_masks
 from replrl.backends.step_log import StepLog
 from replrl.backends.vllm.line_rule import MASKS_FILE, LineRuleLogitsProcessor
 from replrl.backends.vllm.session import EngineStopped, VLLMSession
 from replrl.backends.vllm.weights import SYNC_TRANSPORTS, FlatWeights, WeightSync, WeightSyncExtension
+from replrl.contract import eos_ids, line_end_ids, token_masks
 from replrl.types import SamplingParams
 
 _T = TypeVar("_T")

@@ -13,7 +13,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from replrl.backends.sampling import TokenMasks
+from replrl.contract import TokenMasks
 
 LINE_RULE_KEY = "replrl_line_rule"
 """``SamplingParams.extra_args`` key: the request is one line (the line rule and line-start mask apply)."""

@@ -16,8 +16,8 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from replrl.backends import BackendError
-from replrl.backends.sampling import row_seed
 from replrl.backends.vllm.line_rule import LINE_RULE_KEY
+from replrl.contract import row_seed
 from replrl.types import LineSample, SamplingParams
 
 if TYPE_CHECKING:
