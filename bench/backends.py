@@ -75,10 +75,11 @@ from cpu_groups import CpuGroups  # bench/, next to this script: CPU seconds of 
 from proxy_model import proxy_dir  # the CPU proxy: Qwen2.5's tokenizer over a 2-layer random model
 from repl_tax import plain_generate  # model.generate of N new tokens per row
 
-from replrl.backends import load_generator
+from replrl.backends import open_generator
 from replrl.backends.hf import GEN_THREADS
-from replrl.backends.sampling import token_masks
 from replrl.cli import run_script
+from replrl.config import ModelConfig
+from replrl.contract import token_masks
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import ReplSession
 from replrl.rollout import build_prompt, code_of, encode, env_token_ids
@@ -257,9 +258,9 @@ def main() -> None:
     rows = load_task("gsm8k", data=args.data).rows("test")
     sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
     t0 = time.perf_counter()
-    gens = {"vllm": load_generator("vllm", model, tokenizer, engine_args=engine_args or None, step_stats=True)}
+    gens = {"vllm": open_generator(ModelConfig(backend="vllm", vllm=engine_args), model, tokenizer, step_stats=True)}
     if not args.no_hf:
-        gens["hf"] = load_generator("hf", model, tokenizer)
+        gens["hf"] = open_generator(ModelConfig(backend="hf"), model, tokenizer)
     vllm_start = time.perf_counter() - t0
     sync_s = gens["vllm"].last_sync_s
     print(f"vLLM engine start {vllm_start:.1f} s, of which the weight copy (sync_weights) {sync_s:.1f} s")

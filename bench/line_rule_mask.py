@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from replrl.backends.sampling import TokenMasks, token_masks
 from replrl.backends.vllm import LineRuleLogitsProcessor
 from replrl.cli import run_script
+from replrl.contract import TokenMasks, token_masks
 from replrl.models import QWEN_CODER_ALIAS, load_tokenizer
 
 

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from proxy_model import proxy_dir  # bench/, next to this script: the CPU proxy
 
-from replrl.backends import load_generator
+from replrl.backends import open_generator
 from replrl.backends.hf import GEN_THREADS
-from replrl.config import RewardConfig, RolloutConfig
+from replrl.config import ModelConfig, RewardConfig, RolloutConfig
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import PS1, PS2, ReplSession
 from replrl.rewards import RewardModel
@@ -134,7 +134,7 @@ def main() -> None:
             model.eval()
             name = "proxy" if spec == "proxy" else spec.split("/")[-1]
             for backend in backends:
-                gen = load_generator(backend, model, tokenizer)
+                gen = open_generator(ModelConfig(backend=backend), model, tokenizer)
                 try:
                     fig = run_pair(gen, pool, task, rows, sampling, rules, args.repeats)
                 finally:

@@ -28,9 +28,9 @@ import time
 
 import torch
 
-from replrl.backends.sampling import TokenMasks, token_masks
 from replrl.backends.vllm import VLLMGenerator
 from replrl.cli import run_script
+from replrl.contract import TokenMasks, token_masks
 from replrl.loss import token_logprobs
 from replrl.models import QWEN_CODER_ALIAS, SMOLLM2_ALIAS, load_model_and_tokenizer
 from replrl.types import SamplingParams

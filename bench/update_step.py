@@ -18,10 +18,10 @@ import time
 import torch
 
 from replrl.advantages import batch_tensors, compute_advantages
-from replrl.backends import load_generator
-from replrl.backends.sampling import newline_banned_mask
+from replrl.backends import open_generator
 from replrl.cli import run_script
-from replrl.config import Config
+from replrl.config import Config, ModelConfig
+from replrl.contract import newline_banned_mask
 from replrl.loss import grpo_loss, token_logprobs_and_entropy
 from replrl.models import load_model_and_tokenizer
 from replrl.rewards import RewardModel
@@ -66,7 +66,7 @@ def main() -> None:
     try:
         rows = [(i, task.rows("test")[i]) for i in range(args.episodes // 4)]
         rules = EpisodeRules.from_config(Config().rollout)
-        trajs, _ = run_sync(rollout(load_generator("hf", model, tokenizer), pool, task, rows,
+        trajs, _ = run_sync(rollout(open_generator(ModelConfig(backend="hf"), model, tokenizer), pool, task, rows,
                                     RewardModel(Config().rewards.weights), sampling, rules, group_size=4))
     finally:
         run_sync(pool.close())
