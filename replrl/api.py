@@ -74,8 +74,9 @@ def train(cfg: Config | None = None, run_dir: str | Path | None = None, *,
 
 def dataset_task(cfg: Config, train_dataset: Any, eval_dataset: Any = None) -> Any:
     """The ``dataset`` task over Python data (``datasets.Dataset`` or lists of dict rows) with ``cfg.task``'s
-    columns, checker, system prompt and options; the splits are "train" and "test". Without ``eval_dataset`` the
-    run evaluates nothing held out unless its splits say where to (``cfg.task.eval_split = "train[:50]"``)."""
+    columns, checker, system prompt and options; the splits are "train" and "test". Without ``eval_dataset``,
+    ``train_dataset`` is one split whose first rows are held out as "test" (``task.options.holdout``, 100 rows, at
+    most a tenth; said in one line), as a single data file's are."""
     import datasets
 
     from .tasks.dataset import DatasetTask
@@ -83,15 +84,16 @@ def dataset_task(cfg: Config, train_dataset: Any, eval_dataset: Any = None) -> A
     def as_dataset(data: Any) -> Any:
         return datasets.Dataset.from_list(data) if isinstance(data, list) else data
 
-    splits = {"train": as_dataset(train_dataset)}
-    if eval_dataset is not None:
-        splits["test"] = as_dataset(eval_dataset)
-    elif cfg.run.eval_n and cfg.task.eval_split == "test":
-        raise ConfigError("train(train_dataset=...) without eval_dataset: pass eval_dataset, set cfg.run.eval_n = 0, "
-                          "or evaluate on a slice, cfg.task.eval_split = \"train[:50]\"")
+    data = (datasets.DatasetDict({"train": as_dataset(train_dataset), "test": as_dataset(eval_dataset)})
+            if eval_dataset is not None else as_dataset(train_dataset))
     options = {**cfg.task.options, "columns": cfg.task.columns, "checker": cfg.task.checker,
                "system_prompt": cfg.task.system_prompt}
-    return DatasetTask(data=datasets.DatasetDict(splits), **options)
+    task = DatasetTask(data=data, **options)
+    if eval_dataset is None and cfg.run.eval_n and cfg.task.eval_split == "test" and not task.held_out_rows():
+        raise ConfigError("train(train_dataset=...) without eval_dataset holds out no rows (task.options.holdout = 0, "
+                          "or fewer than 10 rows): pass eval_dataset, set cfg.run.eval_n = 0, or evaluate on a slice, "
+                          "cfg.task.eval_split = \"train[:50]\"")
+    return task
 
 
 def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None, samples_per_problem: int | None = None,

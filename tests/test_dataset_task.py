@@ -98,7 +98,7 @@ def test_python_data_data_columns_a_system_prompt_and_the_exact_checker(tmp_path
 
     task = DatasetTask(data=datasets.Dataset.from_list(ROWS), checker="exact", system_prompt="Add the numbers.",
                        columns={"question": "problem", "answer": "solution", "data": "table"})
-    row = task.rows("train")[1]
+    row = task.rows("train")[0]  # one split given from Python: its first row (a tenth of 10) is held out as "test"
     assert task.header(row) == "Add the numbers.\n\nThe problem's data is in the variable table.\n\nProblem: " \
                                "What is 1 + 1?"
     assert task.setup(row) == "table = [1, 1]"  # run in the kernel before the first line
@@ -118,6 +118,34 @@ def test_python_data_data_columns_a_system_prompt_and_the_exact_checker(tmp_path
             DatasetTask(data=ROWS, **bad)
     with pytest.raises(TaskError, match="^dataset data '/no/such.jsonl' not found$"):
         DatasetTask(data="/no/such.jsonl")
+
+
+def test_train_dataset_without_eval_dataset_holds_out_a_slice_and_says_so(caplog):
+    """``replrl.train(train_dataset=...)`` without ``eval_dataset`` (TRL's eval set is optional): the rows are one
+    split whose first ``holdout`` rows (at most a tenth) are held out as "test", said in one line; holdout 0 with
+    held-out evaluation on is a one-line error before any work."""
+    import logging
+
+    from replrl.api import dataset_task
+
+    cfg = Config()
+    cfg.task.columns = {"question": "problem", "answer": "solution"}
+    rows = [{"problem": f"What is {k} + {k}?", "solution": f"{2 * k}"} for k in range(40)]
+    with caplog.at_level(logging.INFO, logger="replrl.console"):
+        task = dataset_task(cfg, rows)
+        test, train = task.rows("test"), task.rows("train")
+    assert [r["problem"] for r in test] == [f"What is {k} + {k}?" for k in range(4)]  # 4 of 40: a tenth
+    assert len(train) == 36 and train[0]["problem"] == "What is 4 + 4?"
+    said = [r.message for r in caplog.records if "held out" in r.message]
+    assert said == ["dataset '<Dataset>' is one split given from Python: its first 4 rows are held out as 'test', "
+                    "'train' is the other 36 (task.options.holdout = 0: no hold-out)"]
+    both = dataset_task(cfg, rows, rows[:3])  # with eval_dataset: nothing is held out
+    assert len(both.rows("train")) == 40 and len(both.rows("test")) == 3
+    cfg.task.options = {"holdout": 0}
+    with pytest.raises(ConfigError, match="holds out no rows"):
+        dataset_task(cfg, rows)
+    cfg.run.eval_n = 0  # no held-out evaluation: the rows are all for training
+    assert len(dataset_task(cfg, rows).rows("train")) == 40
 
 
 def test_gsm8k_is_a_preset_of_the_dataset_task_with_the_same_rows_and_checks():

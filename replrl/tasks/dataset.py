@@ -69,10 +69,10 @@ class DatasetTask:
     limit: int | None = None
     """Keep only the first N rows of each split."""
     holdout: int = 100
-    """A single file has one split, "train", and no "test": its first ``holdout`` rows (at most a tenth of the
-    file) are held out as "test", and "train" is the other rows, said in one line when first asked for. A split
-    asked for with a slice (``train[100:]``) is the file's own rows as sliced. 0: no hold-out ("test" is then an
-    error that says how to slice the file)."""
+    """A single file (or one ``Dataset`` or list of rows given from Python) has one split, "train", and no "test":
+    its first ``holdout`` rows (at most a tenth of them) are held out as "test", and "train" is the other rows, said
+    in one line when first asked for. A split asked for with a slice (``train[100:]``) is the file's own rows as
+    sliced. 0: no hold-out ("test" is then an error that says how to slice the file)."""
     answer_after: str = ""
     """The reference is the text after the last occurrence of this marker in the answer column ("####" for GSM8K's
     worked solutions); empty: the whole column."""
@@ -116,7 +116,11 @@ class DatasetTask:
             self.header_template = (self.system_prompt or DATASET_INSTRUCTIONS) + data_note + "\n\nProblem: {question}"
         check_header_template(self.header_template, forbidden=(self.answer_column,))
         self._one_file = isinstance(self.data, (str, Path)) and Path(self.data).expanduser().is_file()
-        for name, ds in self._load().items():
+        loaded = self._load()
+        self._one_split = self._one_file or not isinstance(self.data, (str, Path, dict))  # a file, a Dataset, a list
+        """One file, or one ``Dataset`` / list of rows from Python (``replrl.train(train_dataset=...)`` without
+        ``eval_dataset``): one split, "train", whose first rows are held out as "test" (``holdout``)."""
+        for name, ds in loaded.items():
             for f in (self.question_column, self.answer_column, *self.data_columns):
                 if f not in ds.column_names:
                     fields = ", ".join(ds.column_names)
@@ -126,9 +130,9 @@ class DatasetTask:
             self._validate_answers(name, ds)
             self._splits[name] = ds
 
-    def _held_out_rows(self) -> int:
-        """How many of a single file's rows are held out as its "test" split (0: none; see ``holdout``)."""
-        if (not self._one_file or self.one_file_serves_all or list(self._splits) != [ONE_FILE_SPLIT]
+    def held_out_rows(self) -> int:
+        """How many of a single split's rows are held out as its "test" split (0: none; see ``holdout``)."""
+        if (not self._one_split or self.one_file_serves_all or list(self._splits) != [ONE_FILE_SPLIT]
                 or self.holdout <= 0):
             return 0
         return min(self.holdout, len(self._splits[ONE_FILE_SPLIT]) // 10)
@@ -190,12 +194,13 @@ class DatasetTask:
         """The rows of a dataset split name, sliced where it says ``name[a:b]``."""
         m = _SLICE.match(asked)
         name = m[1] if m else asked
-        held = self._held_out_rows() if m is None and name in (ONE_FILE_SPLIT, HELD_OUT_SPLIT) else 0
+        held = self.held_out_rows() if m is None and name in (ONE_FILE_SPLIT, HELD_OUT_SPLIT) else 0
         if held:
             ds = self._splits[ONE_FILE_SPLIT]
             if not self._said_held_out:
-                console.info("dataset '%s' is one file with one split: its first %d rows are held out as '%s', "
-                             "'%s' is the other %d (task.options.holdout = 0: no hold-out)", self.label, held,
+                console.info("dataset '%s' is %s: its first %d rows are held out as '%s', '%s' is the other %d "
+                             "(task.options.holdout = 0: no hold-out)", self.label,
+                             "one file with one split" if self._one_file else "one split given from Python", held,
                              HELD_OUT_SPLIT, ONE_FILE_SPLIT, len(ds) - held)
                 self._said_held_out = True
             return ds.select(range(held)) if name == HELD_OUT_SPLIT else ds.select(range(held, len(ds)))
