@@ -105,14 +105,13 @@ def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None, samp
     are those of the model's step (a Trainer's, a checkpoint's: ``checkpoint_step``; 0 for any other model).
     ``progress``: a tqdm-like bar, updated per episode."""
     from .evaluation import evaluate as evaluate_on
-    from .rewards import RewardModel
+    from .rollout import open_env
 
     with _policy(model, cfg) as (generator, task, cfg):
         k = samples_per_problem or cfg.run.eval_samples
         step = model.step if isinstance(model, Trainer) else checkpoint_step(cfg.model.name)
-        with _kernels(cfg, task, min(16, n * k)) as pool:
-            return evaluate_on(generator, pool, task, cfg, n, k, progress=progress,
-                               rewards=RewardModel.from_config(cfg.rewards).at(step))
+        with open_env(cfg, pool_size=min(16, n * k), generator=generator, task=task, step=step) as env:
+            return evaluate_on(env.generator, env.pool, env.task, cfg, n, k, progress=progress, rewards=env.rewards)
 
 
 def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
@@ -131,8 +130,7 @@ def rollout_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = Non
     from sandbox import run_sync
 
     from .evaluation import split_rows
-    from .rewards import RewardModel
-    from .rollout import Env, EpisodeRules, rollout_in_waves
+    from .rollout import open_env, rollout_in_waves
 
     if n < 1 or group_size < 1:
         raise ValueError("n and group_size must be >= 1")
@@ -143,10 +141,7 @@ def rollout_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = Non
         n_problems = -(-n // group_size)
         chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
         wave = max(1, min(16, n_problems * group_size) // group_size)  # problems per wave: at most 16 kernels
-        with _kernels(cfg, task, wave * group_size) as pool:
-            env = Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout),
-                      RewardModel.from_config(cfg.rewards), chat_template=cfg.model.chat_template,
-                      chat_template_kwargs=cfg.model.chat_template_kwargs)
+        with open_env(cfg, pool_size=wave * group_size, generator=generator, task=task) as env:
             return run_sync(rollout_in_waves(env, chosen, cfg.rollout.sampling(), group_size, progress=progress))
 
 
@@ -193,15 +188,3 @@ def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, 
         yield generator, task_from_config(cfg), cfg
     finally:
         close_generator(generator)
-
-
-@contextlib.contextmanager
-def _kernels(cfg: Config, task: Any, size: int) -> Iterator[Any]:
-    """A started kernel pool for ``task`` under ``cfg.rollout``'s limits, closed on exit."""
-    from sandbox import KernelPool, run_sync
-
-    pool = run_sync(KernelPool(size=size, limits=cfg.rollout.limits(), tools=task.tools).start())
-    try:
-        yield pool
-    finally:
-        run_sync(pool.close())

@@ -131,3 +131,34 @@ def test_chat_template_kwargs_reach_every_prompt_an_episode_builds(format_model_
     results = []
     Trainer(cfg, tmp_path / "run", progress=False).train(on_step=results.append)  # a training step's prompts
     assert all("<think>\n\n</think>" in t.text for t in results[0].trajectories)
+
+
+def test_open_env_composes_an_env_from_the_config_and_closes_only_what_it_opened(opened):
+    """``open_env(cfg)``: the generator through ``open_generator`` (the one door), the task, a started pool, the
+    rules, the reward weights of ``step``, the chat template's options; on exit the pool and the generator it made
+    are closed, and parts the caller passed in are left open."""
+    from replrl.config import Config
+    from replrl.rollout import EpisodeRules, open_env
+
+    cfg = Config()
+    cfg.model.name, cfg.model.chat_template_kwargs = "tiny", {"enable_thinking": False}
+    cfg.rollout.max_repeats = 2
+    with open_env(cfg, pool_size=1, step=3) as env:
+        assert [o["backend"] for o in opened] == [cfg.model.backend]
+        assert env.pool.size == 1 and env.rules == EpisodeRules.from_config(cfg.rollout) and env.rules.max_repeats == 2
+        assert env.task.name == "arithmetic" and env.chat_template_kwargs == {"enable_thinking": False}
+        assert env.rewards.step == 3
+        pool, generator = env.pool, env.generator
+    assert pool._closed
+
+    class Held:
+        tokenizer = generator.tokenizer
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    held = Held()
+    with open_env(cfg, pool_size=1, generator=held, task=env.task) as env2:
+        assert env2.generator is held and env2.task is env.task
+    assert not held.closed and env2.pool._closed and len(opened) == 1

@@ -1,6 +1,7 @@
 """The episode's wing, its files in the order a line walks them:
 
-    env.py         Env (generator, pool, task, rules, rewards: frozen); EpisodeRules, every episode limit
+    env.py         Env (generator, pool, task, rules, rewards: frozen); EpisodeRules, every episode limit;
+                   open_env(cfg): an Env from the config, closing what it opened
     transcript.py  the splice, text <-> ids: prompt, heal, encode/decode, the interpreter's tokens
     episode.py     THE loop: generate a line -> execute it -> splice the output -> repeat
     tree.py        groups whose episodes branch at line boundaries
@@ -14,7 +15,7 @@ This face re-exports the names ``replrl.rollout`` had as one module (and ``replr
 
 from __future__ import annotations
 
-from .env import Env, EpisodeRules
+from .env import Env, EpisodeRules, open_env
 from .episode import SUBMIT, Episode, finish_episode, play, run_episode, run_setup
 from .groups import flat_rollout, rollout, rollout_in_waves, split_by_group
 from .stats import (
@@ -36,6 +37,6 @@ __all__ = [
     "SLOW_DIGEST_MS", "SUBMIT", "TREE_RATIOS", "Env", "Episode", "EpisodeRules", "RolloutStats", "TreeShape",
     "branch_line", "build_prompt", "children_per_node", "code_of", "decode", "encode", "env_token_ids",
     "finish_episode", "flat_rollout", "heal", "line_text", "line_timing", "merge_tree_figures", "merge_wave_stats",
-    "play", "rollout", "rollout_in_waves", "run_episode", "run_setup", "speculation_stats", "split_by_group",
-    "state_stats", "stream_key", "summarize", "tree_rollout", "used_block",
+    "open_env", "play", "rollout", "rollout_in_waves", "run_episode", "run_setup", "speculation_stats",
+    "split_by_group", "state_stats", "stream_key", "summarize", "tree_rollout", "used_block",
 ]
