@@ -10,6 +10,18 @@ LineStatus = Literal["ok", "error", "timeout", "crashed", "incomplete"]
 FinishReason = Literal["newline", "eos", "length"]
 
 
+def _rollout_default(name: str) -> Any:
+    """A field whose default is ``RolloutConfig``'s (config.py: the one home of defaults), read when the object is
+    made (config.py is imported then, not when this module is: it sits below config in the import order)."""
+
+    def default() -> Any:
+        from replrl.config import RolloutConfig
+
+        return getattr(RolloutConfig, name)
+
+    return field(default_factory=default)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are sampled. Defaults are plain sampling (temperature 1, no truncation), as GRPO expects.
@@ -28,10 +40,10 @@ class SamplingParams:
     """Keep only the k most likely tokens; 0 disables it."""
     max_line_tokens: int = 96
     """A line longer than this ends the episode (end reason ``overlong_line``)."""
-    max_lines: int = 24
-    """Lines (executed statements, block lines included) per episode."""
-    max_total_tokens: int = 1536
-    """Prompt plus everything generated and spliced."""
+    max_lines: int = _rollout_default("max_lines")
+    """Lines (executed statements, block lines included) per episode (default: ``rollout.max_lines``'s)."""
+    max_total_tokens: int = _rollout_default("max_total_tokens")
+    """Prompt plus everything generated and spliced (default: ``rollout.max_total_tokens``'s)."""
     seed: int | None = None
     """Seed for the sampler's random generator (None: nondeterministic)."""
 

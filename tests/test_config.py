@@ -121,6 +121,19 @@ class LongEpisodesTask:
     rollout_defaults = {"max_lines": 24, "max_total_tokens": 1536}
 
 
+def test_sampling_params_have_no_episode_limit_defaults_of_their_own():
+    """The episode's limits have one home: a SamplingParams made without them takes ``rollout``'s defaults."""
+    from replrl.types import SamplingParams
+
+    rollout = Config().rollout
+    made = SamplingParams(seed=0)
+    assert (made.max_lines, made.max_total_tokens) == (rollout.max_lines, rollout.max_total_tokens)
+    assert rollout.sampling(seed=0) == SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p,
+                                                       top_k=rollout.top_k, max_line_tokens=rollout.max_line_tokens,
+                                                       seed=0)
+    assert SamplingParams(max_lines=7, max_total_tokens=64).max_lines == 7
+
+
 def test_a_task_s_rollout_defaults_apply_where_the_user_set_nothing(tmp_path):
     task = {"task": {"name": "tests.test_config:LongEpisodesTask"}}
     cfg = resolve(Config, None, task)
