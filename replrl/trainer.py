@@ -43,7 +43,7 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import backend_class, close_generator, open_generator, sleep_generator, wake_generator
+from .backends import close_generator, open_generator, sleep_generator, wake_generator
 from .backends.sampling import TokenMasks, token_masks
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
@@ -176,10 +176,6 @@ class Trainer:
         self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
         """The model is sharded (FSDP2): every rank holds a part of each parameter, gradient and AdamW state."""
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
-        if self.fsdp and backend_class(cfg.model.backend).__name__ != "HFGenerator":
-            raise ConfigError("model.backend vllm under FSDP2 is not tested yet (its weight sync streams buckets "
-                              "gathered from the shards, tested under DDP and on 2 FSDP2 ranks without an engine): "
-                              "set model.backend = hf under FSDP2, or train under DDP")
         if cfg.rollout.problems_per_step < self.world:
             raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
                               f"processes ({self.world}): each process rolls out whole problems")

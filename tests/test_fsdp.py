@@ -183,3 +183,22 @@ def test_weight_sync_streams_fsdp2_shards_in_bounded_buckets_without_splitting_a
             assert got["figures"]["buckets"] == most_buckets and got["figures"]["bytes"] == model
             assert got["figures"]["largest_bucket_bytes"] <= max(got["bound"], layer) < model
 
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", ["full", "lora"])
+def test_vllm_engines_on_two_fsdp2_ranks_sample_from_the_synced_weights(tmp_path, variant):
+    """tests/vllm_fsdp_sync.py on 2 CPU processes, each with a vLLM engine (the CPU build: runs in the vLLM
+    environment, .ci/vllm_env.sh; skipped elsewhere): after an optimizer step on the shards, ``sync_weights`` streams
+    the gathered weights into every rank's engine one decoder layer a bucket (LoRA: merged on the shards first), and
+    each engine's log-probs of a probe line equal the trainer's (an unsharded twin stepped alike), not the stale
+    model's, and were not read from the prefix cache of the old weights."""
+    pytest.importorskip("vllm", reason="vllm is not importable here (CPU: bash .ci/vllm_env.sh runs this test)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "tests.vllm_fsdp_sync", str(tmp_path)]
+    run(cmd + (["lora"] if variant == "lora" else []), timeout=800)  # two engines starting on a busy machine
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"rank{rank}.pt")
+        assert r["world"] == 2 and r["cached"] == 0, "the prefix cache of the old weights was dropped"
+        torch.testing.assert_close(r["before"], r["before_expected"], rtol=0, atol=1e-4)
+        torch.testing.assert_close(r["after"], r["expected"], rtol=0, atol=1e-4)
+        assert (r["after"] - r["stale"]).abs().max() > 1e-2, "the step changed what the engine samples from"
