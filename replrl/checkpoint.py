@@ -129,13 +129,35 @@ def _every_rank_ok(error: BaseException | None) -> None:
                                                                "checkpoint")
 
 
-def full_state_dict(root: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+def full_state_dict(root: Any, prefix: str = "", merge: Any = None) -> dict[str, torch.Tensor]:
     """The whole model's state dict from FSDP2 shards, on rank 0 in CPU memory (empty on the other ranks; every rank
-    must call it, a collective per tensor), its keys without ``prefix`` (``lm.``: the policy inside a TokenScorer)."""
+    must call it, a collective per tensor), its keys without ``prefix`` (``lm.``: the policy inside a TokenScorer).
+    ``merge``: a peft model inside ``root`` whose adapters are merged into its base weights on the shards first
+    (``merge_adapter``, every rank; unmerged after): its base layers' weights are then the merged ones, its adapter
+    weights as they are (``save_model`` writes both)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    full = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    peft = merge is not None and hasattr(merge, "merge_adapter")
+    if peft:
+        merge.merge_adapter()
+    try:
+        full = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    finally:
+        if peft:
+            merge.unmerge_adapter()
     return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in full.items()}
+
+
+def plain_state_dict(peft_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A peft model's full state dict (its adapters merged: ``full_state_dict(..., merge=)``) as its base model's:
+    the adapter weights left out, ``base_model.model.`` and ``.base_layer`` taken from the names."""
+    out = {}
+    for name, t in peft_state.items():
+        if "lora_" in name:
+            continue
+        name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        out[name] = t
+    return out
 
 
 def save_sharded(run_dir: Path, step: int, root: Any, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
@@ -239,7 +261,8 @@ def save_model(out: str | Path, model: Any, tokenizer: Any, step: int, base_mode
     """Write ``model`` to ``out`` in Hugging Face format, atomically (a temporary directory renamed over the old
     one): a peft model merged into its base weights, its adapter in ``out/adapter/``; ``out/replrl.json`` records
     ``step`` and ``base_model``. What a plain ``AutoModelForCausalLM.from_pretrained(out)`` loads.
-    ``state_dict``: the weights to write instead of the model's own (FSDP2: ``full_state_dict``; no peft model)."""
+    ``state_dict``: the weights to write instead of the model's own (FSDP2: ``full_state_dict``; for a peft model
+    with ``merge=`` it: the adapter is taken from it, and the merged base weights)."""
     out = Path(out)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -247,9 +270,13 @@ def save_model(out: str | Path, model: Any, tokenizer: Any, step: int, base_mode
         tmp.mkdir(parents=True)
         with quiet_saves():
             if hasattr(model, "merge_and_unload"):
-                model.save_pretrained(tmp / "adapter", safe_serialization=True)
+                model.save_pretrained(tmp / "adapter", safe_serialization=True, state_dict=state_dict)
                 tokenizer.save_pretrained(tmp / "adapter")
-            merged(model).save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+            if state_dict is not None and hasattr(model, "merge_and_unload"):  # FSDP2: merged on the shards
+                model.get_base_model().save_pretrained(tmp, safe_serialization=True,
+                                                       state_dict=plain_state_dict(state_dict))
+            else:
+                merged(model).save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
         (tmp / MODEL_INFO).write_text(json.dumps({"step": step, "base_model": base_model,
                                                   "lora": hasattr(model, "merge_and_unload")}))

@@ -206,6 +206,46 @@ def fsdp_wrap_decoder_layers(accelerator: Any, model: Any) -> None:
     plugin.transformer_cls_names_to_wrap = layers
 
 
+def same_adapters_on_every_rank(accelerator: Any, model: Any) -> None:
+    """Under FSDP2, a peft model's adapter weights as rank 0 drew them, on every rank (a broadcast each: they are
+    small). ``fully_shard`` keeps each rank's own slice of its own copy, where DDP would have broadcast rank 0's
+    whole model: adapters drawn from a random stream that differs between ranks would make one model of several
+    draws, silently. The base weights come from the same files on every rank."""
+    import torch.distributed as dist
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if not getattr(accelerator, "is_fsdp2", False) or not hasattr(model, "peft_config") \
+            or accelerator.num_processes < 2 or getattr(plugin, "cpu_ram_efficient_loading", False):
+        return  # (cpu_ram_efficient_loading: accelerate broadcasts rank 0's whole model itself)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                dist.broadcast(p.data, src=0)
+
+
+def shard_like(prepared: Any, module: Any, accelerator: Any) -> Any:
+    """Under FSDP2, ``module`` (a frozen copy of the policy's scorer: the reference model's ``TokenScorer``) sharded
+    as ``prepared`` is: ``fully_shard`` on the submodules of the same names (the decoder layers, then the root), on
+    the same device mesh, with the accelerate config's reshard-after-forward and mixed precision. Every rank holds
+    its part of the weights, and each no-grad forward gathers them unit by unit as the policy's does (a collective
+    per unit: every rank must run the same forwards). Anything else: ``module`` as it is."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+
+    if not getattr(accelerator, "is_fsdp2", False):
+        return module
+    plugin = accelerator.state.fsdp_plugin
+    if plugin.cpu_ram_efficient_loading:  # (every rank: the same config)
+        raise ConfigError("loss.kl_coef > 0 with fsdp_cpu_ram_efficient_loading: true is not supported (the ranks "
+                          "other than 0 load no reference weights): set fsdp_cpu_ram_efficient_loading: false")
+    mesh = next(p for p in prepared.parameters() if isinstance(p, DTensor)).device_mesh
+    units = [name for name, m in prepared.named_modules() if isinstance(m, FSDPModule)]
+    for name in sorted(units, key=lambda n: (-n.count(".") if n else 1, n)):  # the deepest first, the root last
+        fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
+                    mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
+    return module
+
+
 def mixed_precision(cfg: ModelConfig, cpu: bool) -> str:
     """accelerate's ``mixed_precision`` for model.dtype (storage) and model.compute_dtype: "no", "bf16" or "fp16"."""
     compute = cfg.compute_dtype or cfg.dtype

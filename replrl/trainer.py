@@ -43,7 +43,7 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import backend_class, close_generator, open_generator, sleep_generator, wake_generator
+from .backends import close_generator, open_generator, sleep_generator, wake_generator
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
 from .contract import TokenMasks, token_masks
@@ -61,6 +61,8 @@ from .policy import (
     fsdp_wrap_decoder_layers,
     load_policy,
     mixed_precision,
+    same_adapters_on_every_rank,
+    shard_like,
 )
 from .provenance import record_environment
 from .rewards import RewardModel
@@ -174,16 +176,6 @@ class Trainer:
         self.fsdp = bool(getattr(self.accelerator, "is_fsdp2", False))
         """The model is sharded (FSDP2): every rank holds a part of each parameter, gradient and AdamW state."""
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
-        if self.fsdp and cfg.loss.kl_coef > 0:
-            raise ConfigError("loss.kl_coef > 0 keeps a whole reference model on every rank, which FSDP2 would not "
-                              "shard: set loss.kl_coef = 0 under FSDP2, or train under DDP")
-        if self.fsdp and backend_class(cfg.model.backend).__name__ != "HFGenerator":
-            raise ConfigError("model.backend vllm under FSDP2 is not tested yet (its weight sync streams buckets "
-                              "gathered from the shards, tested under DDP and on 2 FSDP2 ranks without an engine): "
-                              "set model.backend = hf under FSDP2, or train under DDP")
-        if self.fsdp and cfg.model.lora_rank > 0:
-            raise ConfigError("model.lora_rank > 0 under FSDP2 is not supported yet (checkpoints and the merged "
-                              "final model): train LoRA under DDP, whose per-rank memory LoRA already keeps small")
         if cfg.rollout.problems_per_step < self.world:
             raise ConfigError(f"rollout.problems_per_step ({cfg.rollout.problems_per_step}) must be >= the number of "
                               f"processes ({self.world}): each process rolls out whole problems")
@@ -235,6 +227,7 @@ class Trainer:
         if scorer.unused_parameters():  # trainable parameters outside the decoder and the LM head: DDP looks for them
             self.accelerator.ddp_handler = DistributedDataParallelKwargs(broadcast_buffers=False,
                                                                          find_unused_parameters=True)
+        same_adapters_on_every_rank(self.accelerator, model)  # FSDP2 + LoRA: rank 0's adapters (DDP broadcasts)
         fsdp_wrap_decoder_layers(self.accelerator, model)  # FSDP2: the decoder layers are the sharded units
         self.scorer, self.optimizer = self.accelerator.prepare(scorer, optimizer)
         """The update's scoring module as accelerate prepared it (DDP under several processes): every forward of the
@@ -248,6 +241,9 @@ class Trainer:
         sum over ranks is the minibatch's loss: scaled by the number of ranks, the average is that sum."""
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
+        self.ref_scorer = None if self.ref_model is None else \
+            shard_like(self.scorer, TokenScorer(self.ref_model), self.accelerator)
+        """The reference model's scorer (FSDP2: sharded in the policy's units, ``policy.shard_like``)."""
         self.generator = open_generator(cfg.model, self.model, self.tokenizer, device=self.accelerator.device,
                                         max_rows=cfg.rollout.group_size * self._local_problems())
         if cfg.model.vllm_sleep and not hasattr(self.generator, "engine"):
@@ -663,7 +659,7 @@ class Trainer:
             old = self._logprobs_no_grad(self.scorer, batch, sampling)
         else:  # one pass on fresh samples: the sampler's own log-probs are the old policy's
             old = batch["old_logprobs"]
-        ref = None if self.ref_model is None else self._logprobs_no_grad(TokenScorer(self.ref_model), batch, sampling)
+        ref = None if self.ref_scorer is None else self._logprobs_no_grad(self.ref_scorer, batch, sampling)
         totals: dict[str, float] = {}
         count = micros = skipped = empty = 0
         kl_term = ref is not None and bool(cfg.loss.kl_coef)
@@ -839,7 +835,7 @@ class Trainer:
         full = None
         if self.fsdp:
             with self._sharded():
-                full = checkpoint.full_state_dict(self.scorer, prefix="lm.")
+                full = checkpoint.full_state_dict(self.scorer, prefix="lm.", merge=self.model)
         if not self.main:
             return None
         return checkpoint.save_model(out or self.run_dir / checkpoint.MODEL_DIR,

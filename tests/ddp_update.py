@@ -38,9 +38,13 @@ ZERO_ROWS = {"strided": (1, 3, 4, 6), "uneven": (1, 3, 4, 5, 6), "minibatches": 
 ROWS = {"uneven": ((0, 1, 2, 3, 4), (5, 6, 7)), "minibatches": ((0, 1, 2, 3, 4, 5), (6, 7))}
 
 
-def config(model_dir: str, split: str = "strided") -> Config:
+def config(model_dir: str, split: str = "strided", extra: str = "") -> Config:
+    """``extra``: "kl" (a KL term to the reference model, coefficient 0.1), "lora" (adapters of rank 4), or both
+    (comma-separated)."""
     return resolve(Config, None, {
-        "model": {"name": model_dir, "chat_template": False, "device": "cpu"},
+        "model": {"name": model_dir, "chat_template": False, "device": "cpu",
+                  "lora_rank": 4 if "lora" in extra.split(",") else 0},
+        "loss": {"kl_coef": 0.1 if "kl" in extra.split(",") else 0.0},
         "task": {"name": "tests.toy:EchoTask"},
         "rollout": {"group_size": 4, "problems_per_step": 2, "temperature": 1.0},
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 2, "minibatches": 4 if split == "minibatches" else 1},
@@ -92,12 +96,12 @@ def counting(trainer: Trainer) -> dict[str, int]:
     return counts
 
 
-def main(model_dir: str, out: str, split: str = "strided") -> None:
+def main(model_dir: str, out: str, split: str = "strided", extra: str = "") -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         # every rank needs the same run directory: the main process makes it, the others find it
-        run = Path(out).parent / f"ddp-run-{split}" if "RANK" in os.environ else Path(tmp) / "run"
-        trainer = Trainer(config(model_dir, split), run, progress=False)
+        run = Path(out).parent / f"ddp-run-{split}{extra}" if "RANK" in os.environ else Path(tmp) / "run"
+        trainer = Trainer(config(model_dir, split, extra), run, progress=False)
         rank, world = trainer.rank, trainer.world
         batch, adv = synthetic_batch(trainer, split)
         rows = torch.tensor(ROWS[split][rank]) if world == 2 and split in ROWS else torch.arange(B)[rank::world]
@@ -108,10 +112,15 @@ def main(model_dir: str, out: str, split: str = "strided") -> None:
         trainer._reshard()  # FSDP2 with hf: the update ends with the weights gathered for the rollouts; the shards
         params = list(trainer.model.parameters())
         sharded = isinstance(params[0], DTensor)
+        # the reference model's log-probs of this rank's rows (FSDP2: its shards gathered unit by unit, every rank)
+        ref = None if trainer.ref_scorer is None else \
+            trainer._logprobs_no_grad(trainer.ref_scorer, local, trainer.sampling)
         # FSDP2: every rank gathers every tensor (a collective each), in the same order
         record = {"params": [whole(p) for p in params], "grads": [whole(p.grad) for p in params],
                   "stats": stats, "world": world, "wrapper": type(trainer.scorer).__name__, "counts": counts,
-                  "rows": len(rows), "sharded": sharded, "fsdp": trainer.fsdp,
+                  "rows": len(rows), "row_ids": rows, "ref_logprobs": ref, "sharded": sharded, "fsdp": trainer.fsdp,
+                  "ref_sharded": trainer.ref_model is not None
+                  and isinstance(next(trainer.ref_model.parameters()), DTensor),
                   "units": [n for n, m in trainer.scorer.named_modules() if isinstance(m, FSDPModule)]}
         if trainer.main:
             torch.save(record, out)
@@ -121,4 +130,4 @@ def main(model_dir: str, out: str, split: str = "strided") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -43,9 +43,9 @@ def fsdp2_launch(tmp_path: Path, *args: str) -> list[str]:
             str(free_port()), *args]
 
 
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -69,13 +69,44 @@ def test_fsdp2_update_over_two_cpu_processes_is_sharded_and_equals_one_process(f
         torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("extra", ["kl", "lora"])
+def test_fsdp2_update_with_a_sharded_reference_model_or_lora_equals_one_process(format_model_dir, tmp_path, extra):
+    """tests/ddp_update.py's uneven update under FSDP2 with a KL term (loss.kl_coef 0.1: the reference model is
+    sharded in the policy's units, its no-grad forwards run on every rank) or with LoRA adapters (peft under
+    fully_shard, the frozen base weights sharded too): the reference log-probs of every row and the gradients (the
+    second step's include the KL term's) equal one process's over the whole batch."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    run([sys.executable, "-m", "tests.ddp_update", str(format_model_dir), str(one), "uneven", extra])
+    run(fsdp2_launch(tmp_path, "-m", "tests.ddp_update", str(format_model_dir), str(two), "uneven", extra))
+    a, r0, r1 = torch.load(one), torch.load(two), torch.load(f"{two}.rank1")
+    assert (r0["fsdp"], r0["sharded"], r1["sharded"]) == (True, True, True)
+    assert r0["counts"] == r1["counts"], "every rank ran the same forwards and backwards"
+    for sa, sb in zip(a["stats"], r0["stats"], strict=True):
+        assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
+    for ga, gb in zip(a["grads"], r0["grads"], strict=True):
+        assert (ga is None) == (gb is None)
+        if ga is not None:
+            torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+    if extra == "kl":
+        assert r0["ref_sharded"] and r1["ref_sharded"], "the reference model is sharded like the policy"
+        for r in (r0, r1):
+            torch.testing.assert_close(r["ref_logprobs"], a["ref_logprobs"][r["row_ids"]], rtol=1e-5, atol=1e-6)
+        assert a["stats"][1]["kl"] > 0, "the second step's policy differs from the reference: a KL term"
+    else:
+        trainable = [g is not None for g in a["grads"]]
+        assert 0 < sum(trainable) < len(trainable), "only the adapters train"
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_replrl_train_under_fsdp2_checkpoints_resumes_like_an_uninterrupted_run_and_writes_one_model(
-        format_model_dir, tmp_path):
+        format_model_dir, tmp_path, lora):
     """`accelerate launch --config_file <FSDP2> -m replrl train` on 2 CPU processes: rollouts from the gathered
     weights (hf backend), sharded updates, a checkpoint per step (every rank's shards through
     torch.distributed.checkpoint, the Hugging Face model from the full state dict), RUN/model at the end. Resumed
     from step 2's checkpoint, step 3 equals the uninterrupted run's step 3, and both write the same RUN/model,
-    which transformers loads."""
+    which transformers loads. LoRA (peft adapters under fully_shard, in the same units): the checkpoints' model/ is
+    the adapter, RUN/model the adapters merged on the shards into the base weights, gathered and written by rank 0
+    as one plain model, equal to its own adapter (RUN/model/adapter) merged into the base model by peft."""
     import json
     import shutil
 
@@ -87,6 +118,8 @@ def test_replrl_train_under_fsdp2_checkpoints_resumes_like_an_uninterrupted_run_
     toy = ["--model.name", str(format_model_dir), "--model.chat_template", "false", "--model.device", "cpu",
            "--task.name", "tests.toy:EchoTask", "--rollout.max_lines", "3", "--rollout.max_line_tokens", "12",
            "--rollout.temperature", "1.0", "--run.eval_n", "0", "--no-progress"]
+    if lora:  # a large learning rate: the adapters (lora_B starts at zero) move the merged weights visibly
+        toy += ["--model.lora_rank", "4", "--optim.lr", "0.05"]
     run_dir, again = tmp_path / "run", tmp_path / "again"
     run(fsdp2_launch(tmp_path, "-m", "replrl", "train", "examples/smoke.toml", "--run-dir", str(run_dir),
                      "--run.max_steps", "3", *toy))
@@ -115,6 +148,19 @@ def test_replrl_train_under_fsdp2_checkpoints_resumes_like_an_uninterrupted_run_
     for (name, a), b in zip(final.state_dict().items(), final_again.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
     assert any(not torch.equal(a, c) for a, c in zip(final.state_dict().values(), start.state_dict().values()))
+    assert not any("lora" in n or "base_layer" in n for n in final.state_dict()), "RUN/model is one plain model"
+    if lora:
+        from peft import PeftModel
+
+        assert (step3 / "model" / "adapter_config.json").exists() and json.loads(
+            (run_dir / "model" / checkpoint.MODEL_INFO).read_text())["lora"] is True
+        by_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(format_model_dir),
+                                            run_dir / "model" / "adapter").merge_and_unload()
+        for (name, a), b in zip(final.state_dict().items(), by_peft.state_dict().values(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        moved = [n for (n, a), c in zip(final.state_dict().items(), start.state_dict().values())
+                 if not torch.equal(a, c)]
+        assert moved and all(n.endswith("_proj.weight") for n in moved), "only the adapted layers moved"
 
 
 def test_weight_sync_streams_fsdp2_shards_in_bounded_buckets_without_splitting_a_layer(tmp_path):
@@ -136,3 +182,23 @@ def test_weight_sync_streams_fsdp2_shards_in_bounded_buckets_without_splitting_a
             assert sum(len(s) for s in layers) == 3, "a decoder layer split over two buckets"
             assert got["figures"]["buckets"] == most_buckets and got["figures"]["bytes"] == model
             assert got["figures"]["largest_bucket_bytes"] <= max(got["bound"], layer) < model
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", ["full", "lora"])
+def test_vllm_engines_on_two_fsdp2_ranks_sample_from_the_synced_weights(tmp_path, variant):
+    """tests/vllm_fsdp_sync.py on 2 CPU processes, each with a vLLM engine (the CPU build: runs in the vLLM
+    environment, .ci/vllm_env.sh; skipped elsewhere): after an optimizer step on the shards, ``sync_weights`` streams
+    the gathered weights into every rank's engine one decoder layer a bucket (LoRA: merged on the shards first), and
+    each engine's log-probs of a probe line equal the trainer's (an unsharded twin stepped alike), not the stale
+    model's, and were not read from the prefix cache of the old weights."""
+    pytest.importorskip("vllm", reason="vllm is not importable here (CPU: bash .ci/vllm_env.sh runs this test)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "tests.vllm_fsdp_sync", str(tmp_path)]
+    run(cmd + (["lora"] if variant == "lora" else []), timeout=800)  # two engines starting on a busy machine
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"rank{rank}.pt")
+        assert r["world"] == 2 and r["cached"] == 0, "the prefix cache of the old weights was dropped"
+        torch.testing.assert_close(r["before"], r["before_expected"], rtol=0, atol=1e-4)
+        torch.testing.assert_close(r["after"], r["expected"], rtol=0, atol=1e-4)
+        assert (r["after"] - r["stale"]).abs().max() > 1e-2, "the step changed what the engine samples from"
