@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a tiny random model on Qwen2.5's tokenizer, 1 step, 2 x 2 episodes: the plumbing only")
     p.add_argument("--vllm", action="store_true", help="both sides generate with vLLM (a GPU)")
     p.add_argument("--out", required=True, help="output directory (results.json, each side's records)")
+    p.add_argument("--reuse", action="store_true", help="a side whose OUT/<side>.json exists is not run again")
     p.add_argument("--side", choices=("replrl", "trl"), help=argparse.SUPPRESS)  # the child process's own side
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--max-total-tokens", type=int, help=argparse.SUPPRESS)
@@ -540,9 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"model": "tiny random (smoke)" if args.smoke else args.model, "model_dir": model_dir,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
             "cpus": os.cpu_count(), "argv": sys.argv, "replrl_max_total_tokens": max_total,
-            "budget_tokens": args.budget_tokens}
+            "budget_tokens": args.budget_tokens, "loadavg": {"start": os.getloadavg()}}
     sides: dict[str, dict] = {}
     for side in [s for s in args.sides.split(",") if s]:
+        if args.reuse and (out / f"{side}.json").is_file():
+            sides[side] = json.loads((out / f"{side}.json").read_text())
+            continue
         cmd = [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:]),
                "--side", side, "--model-dir", model_dir, "--max-total-tokens", str(max_total)]
         print(f"=== {side} ===", flush=True)
@@ -551,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{side} failed (exit {done.returncode})", file=sys.stderr)
             return 1
         sides[side] = json.loads((out / f"{side}.json").read_text())
+        meta["loadavg"][f"after_{side}"] = os.getloadavg()  # 1, 5, 15 min: this machine is shared
     summary = report(args, sides, out, meta)
     print(json.dumps(summary), flush=True)
     return 0
