@@ -18,8 +18,9 @@ evaluated before and after on the same held-out rows (one sample each, at the tr
 
 What cannot be made equal (also in docs/benchmarks.md): the action unit (a line and its output, against a whole
 code block per tool call); the prompt (replrl: the task header, then a REPL transcript inside the assistant turn;
-TRL: the same header as the user turn, the chat template's tool schema as a system turn, tool calls as JSON in
-``<tool_call>`` tags and results as ``tool`` turns); the rewards (replrl: its per-line terms and the outcome, per
+TRL: the question and how to answer as the user turn, the chat template's tool schema as a system turn, tool calls
+as JSON in ``<tool_call>`` tags and results as ``tool`` turns; a model whose template has no tool format, SmolLM2's,
+gets TRL's ChatML ``qwen2_5`` template on this side); the rewards (replrl: its per-line terms and the outcome, per
 line credit; TRL: the outcome only); the budget (TRL's ``max_completion_length`` counts model and tool tokens after
 the prompt; replrl's ``max_total_tokens`` counts the prompt too, so it is set to the budget plus replrl's longest
 prompt among the rows used).
@@ -33,8 +34,9 @@ of training wall time, and steps per hour. Ends with one JSON line (``replrl_vs_
     python bench/vs_trl.py --smoke --out /tmp/vs_trl_smoke        # a tiny random model, 1 step: the plumbing only
     python bench/vs_trl.py --vllm --out runs/vs_trl_gpu           # both sides with vLLM (a GPU)
 
-TRL is the ``bench`` extra: ``pip install -e '.[bench]'``. The model's chat template must be one TRL's tool loop
-parses (Qwen2.5's is; SmolLM2's has no tool format).
+TRL is the ``bench`` extra: ``pip install -e '.[bench]'``. Both sides sample on GEN_THREADS torch threads (replrl's HF
+default: 1 on a CPU of <= 4 cores) and update on torch's default. Figures and what they say: docs/benchmarks.md,
+"replrl vs TRL".
 """
 
 from __future__ import annotations
