@@ -1,0 +1,567 @@
+"""replrl against TRL's GRPOTrainer with a Python tool: the same model, problems and budget, side by side in one run.
+
+Both sides train the same model on the same problems (the ``arithmetic`` task's rows, or the GSM8K sample in
+``tests/data/gsm8k``) with the same group size, problems per step, sampling temperature, completion token budget,
+learning rate (constant, AdamW), clip range (0.2 / 0.28), token-mean loss, no KL, and number of steps, and are
+evaluated before and after on the same held-out rows (one sample each, at the training temperature):
+
+- **replrl**: ``replrl train`` (a subprocess, HF backend): the model writes one line at a time into a sandboxed
+  kernel; per-line rewards and advantages (its defaults); the interpreter's output is masked out of the loss.
+- **TRL**: ``GRPOTrainer`` with a Python tool, through TRL's own tool loop (``_tool_call_loop``: generate, parse the
+  ``<tool_call>``, run it, append the tool message, generate again) and its ``tool_mask`` (tool output out of the
+  loss). The tool is a method of an ``environment_factory`` instance (TRL's per-rollout form of ``tools=``), so each
+  rollout has its own persistent interpreter, as a replrl episode does: ``python(code)`` runs a whole code block in
+  the same sandboxed kernel replrl uses (``sandbox.SyncKernelPool``, ``submit`` injected) and returns what it printed
+  and the last expression's value. Reward 1.0 when the value passed to ``submit()`` passes the task's ``check``
+  (the same check replrl's answers go through), else when the last number of the final message passes it; 0.0
+  otherwise.
+
+What cannot be made equal (also in docs/benchmarks.md): the action unit (a line and its output, against a whole
+code block per tool call); the prompt (replrl: the task header, then a REPL transcript inside the assistant turn;
+TRL: the question and how to answer as the user turn, the chat template's tool schema as a system turn, tool calls
+as JSON in ``<tool_call>`` tags and results as ``tool`` turns; a model whose template has no tool format, SmolLM2's,
+gets TRL's ChatML ``qwen2_5`` template on this side); the rewards (replrl: its per-line terms and the outcome, per
+line credit; TRL: the outcome only); the budget (TRL's ``max_completion_length`` counts model and tool tokens after
+the prompt; replrl's ``max_total_tokens`` counts the prompt too, so it is set to the budget plus replrl's longest
+prompt among the rows used).
+
+Figures per side: wall time per step (rollout / update), model tokens generated per second of rollout, tool calls
+(TRL) or executed lines (replrl) per second of rollout, held-out accuracy before and after, accuracy gained per hour
+of training wall time, and steps per hour. Ends with one JSON line (``replrl_vs_trl_steps_per_hour``,
+``replrl_vs_trl_accuracy_per_hour``, ...). Each side runs in its own process, one after the other (never together).
+
+    python bench/vs_trl.py --out runs/vs_trl                      # Qwen2.5-Coder-0.5B-Instruct, CPU: heavy
+    python bench/vs_trl.py --smoke --out /tmp/vs_trl_smoke        # a tiny random model, 1 step: the plumbing only
+    python bench/vs_trl.py --vllm --out runs/vs_trl_gpu           # both sides with vLLM (a GPU)
+
+TRL is the ``bench`` extra: ``pip install -e '.[bench]'``. Both sides sample on GEN_THREADS torch threads (replrl's HF
+default: 1 on a CPU of <= 4 cores) and update on torch's default. Figures and what they say: docs/benchmarks.md,
+"replrl vs TRL".
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+TOOL_NOTE = "Use the python tool to compute the answer; call submit(answer) in your code with the final number."
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="anything replrl.models accepts (alias, directory)")
+    p.add_argument("--task", choices=("arithmetic", "gsm8k"), default="arithmetic")
+    p.add_argument("--level", type=int, default=1, help="arithmetic level")
+    p.add_argument("--data", default="tests/data/gsm8k", help="gsm8k: a directory with train.jsonl and test.jsonl")
+    p.add_argument("--steps", type=int, default=3, help="training steps per side")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--problems-per-step", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--budget-tokens", type=int, default=256,
+                   help="tokens after the prompt per episode (model and tool/interpreter tokens)")
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--eval-n", type=int, default=20, help="held-out rows evaluated before and after, per side")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0: torch's default)")
+    p.add_argument("--sides", default="replrl,trl", help="which sides to run, in order")
+    p.add_argument("--smoke", action="store_true",
+                   help="a tiny random model on Qwen2.5's tokenizer, 1 step, 2 x 2 episodes: the plumbing only")
+    p.add_argument("--vllm", action="store_true", help="both sides generate with vLLM (a GPU)")
+    p.add_argument("--out", required=True, help="output directory (results.json, each side's records)")
+    p.add_argument("--reuse", action="store_true", help="a side whose OUT/<side>.json exists is not run again")
+    p.add_argument("--side", choices=("replrl", "trl"), help=argparse.SUPPRESS)  # the child process's own side
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--max-total-tokens", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.group_size, args.problems_per_step, args.eval_n, args.budget_tokens = 1, 2, 2, 2, 48
+    if args.group_size < 2 or args.steps < 1 or args.problems_per_step < 1 or args.eval_n < 0:
+        p.error("--group-size >= 2, --steps >= 1, --problems-per-step >= 1, --eval-n >= 0")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------- shared
+
+
+def load_task(args: argparse.Namespace) -> Any:
+    from replrl.tasks import load_task as load
+
+    if args.task == "arithmetic":
+        return load("arithmetic", level=args.level, seed=args.seed)
+    return load("gsm8k", data=args.data)
+
+
+def rows_of(task: Any, split: str, n: int | None = None) -> list[dict]:
+    rows = task.rows(split)
+    n = len(rows) if n is None else min(n, len(rows))
+    return [dict(rows[i]) for i in range(n)]
+
+
+def tiny_model_dir(out: Path) -> str:
+    """--smoke: a tiny random Llama on Qwen2.5-Coder's tokenizer (its chat template is TRL's qwen2_5 one)."""
+    from replrl.models import load_tokenizer, tiny_model
+
+    target = out / "tiny_model"
+    if not (target / "config.json").is_file():
+        tok = load_tokenizer(DEFAULT_MODEL)
+        tiny_model(tok, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                   num_key_value_heads=1).save_pretrained(target)
+        tok.save_pretrained(target)
+    return str(target)
+
+
+def replrl_prompt_tokens(model_dir: str, task: Any, rows: list[dict]) -> int:
+    """replrl's longest prompt (chat template, header, banner, first ``>>>``) among ``rows``, in tokens."""
+    from replrl.models import load_tokenizer
+    from replrl.rollout.transcript import build_prompt, encode
+
+    tok = load_tokenizer(model_dir)
+    return max(len(encode(tok, build_prompt(tok, task.header(r)))) for r in rows)
+
+
+def mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def timed_steps(steps: list[dict]) -> list[dict]:
+    """The steps the timing means are taken over: all but the first (warm-up) when there are 3 or more."""
+    return steps[1:] if len(steps) >= 3 else steps
+
+
+# ---------------------------------------------------------------------------------------------------------- replrl
+
+
+def run_replrl(args: argparse.Namespace, out: Path) -> dict:
+    run_dir = out / "replrl_run"
+    overrides = {
+        "model.name": args.model_dir, "model.backend": "vllm" if args.vllm else "hf",
+        "task.name": args.task, "task.seed": args.seed,
+        "rollout.group_size": args.group_size, "rollout.problems_per_step": args.problems_per_step,
+        "rollout.temperature": args.temperature, "rollout.top_p": 1.0, "rollout.top_k": 0,
+        "rollout.max_total_tokens": args.max_total_tokens, "rollout.seed": args.seed,
+        "optim.lr": args.lr, "optim.warmup_steps": 0, "optim.schedule": "constant", "optim.epochs": 1,
+        "optim.minibatches": 1, "optim.grad_clip": 1.0,
+        "loss.clip_low": 0.2, "loss.clip_high": 0.28, "loss.agg": "token_mean", "loss.kl_coef": 0.0,
+        "run.max_steps": args.steps, "run.seed": args.seed, "run.eval_n": args.eval_n,
+        "run.eval_before": "true" if args.eval_n else "false", "run.eval_every": 0, "run.eval_temperature": -1,
+        "run.transfer_n": 0, "run.save_every": 0, "run.save_model": "false", "run.log_samples_every": 1,
+        "run.time_budget_min": 0,
+    }
+    if args.task == "arithmetic":
+        overrides["task.level"] = args.level
+    else:
+        overrides["task.data"] = args.data
+    if args.vllm:
+        overrides["model.dtype"] = "bfloat16"
+    cmd = [sys.executable, "-m", "replrl.cli", "train", "--run-dir", str(run_dir)]
+    for key, value in overrides.items():
+        cmd += [f"--{key}", str(value)]
+    print("[replrl] " + " ".join(cmd), flush=True)
+    t0 = time.time()
+    done = subprocess.run(cmd)
+    total_s = time.time() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"replrl train failed (exit {done.returncode})")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "step_s" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    before = evals[0]["eval/accuracy"] if args.eval_n and evals else None
+    after = evals[-1]["eval/accuracy"] if args.eval_n and len(evals) >= 2 else None
+    per_step = []
+    for r in steps:
+        episodes = r["episodes"]
+        per_step.append({
+            "step": r["step"], "step_s": r["step_s"], "rollout_s": r["rollout_s"], "update_s": r["update_s"],
+            "generation_s": r.get("generation_s"), "execution_s": r.get("execution_s"), "episodes": episodes,
+            "model_tokens": r["model_tokens_per_episode"] * episodes,
+            "env_tokens": r["env_tokens_per_episode"] * episodes,
+            "executions": r["lines_per_episode"] * episodes, "reward_mean": r["reward_mean"],
+            "accuracy": r["accuracy"],
+        })
+    return {"side": "replrl", "before_accuracy": before, "after_accuracy": after, "eval_n": args.eval_n,
+            "eval_wall_s": [e.get("eval/wall_s") for e in evals], "process_wall_s": round(total_s, 1),
+            "executions_are": "lines executed (a block's lines count one each)", "steps": per_step}
+
+
+# ---------------------------------------------------------------------------------------------------------- TRL
+
+
+class PythonSandbox:
+    """One rollout's Python interpreter for TRL's tool loop: a fresh sandboxed kernel per episode (``reset``)."""
+
+    pool: Any = None  # sandbox.SyncKernelPool, shared by every instance (set up in run_trl)
+    task: Any = None
+    tool_s = 0.0  # seconds spent in tool calls, all instances (read per step by run_trl)
+    tool_calls = 0
+
+    def __init__(self) -> None:
+        self._held: Any = None
+        self.kernel: Any = None
+        self.row: dict = {}
+        self.submitted: list[Any] = []
+
+    def reset(self, **row: Any) -> None:
+        self._release()
+        self.row, self.submitted = row, []
+        return None
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.__exit__(None, None, None)
+            self._held, self.kernel = None, None
+
+    def python(self, code: str) -> str:
+        """Run Python code in a persistent interpreter (variables are kept between calls) and return what it printed
+        and the value of its last expression.
+
+        Args:
+            code: The Python code to run. Call submit(answer) with the final answer.
+
+        Returns:
+            The output of the code.
+        """
+        t0 = time.perf_counter()
+        try:
+            if self.kernel is None:
+                self._held = PythonSandbox.pool.acquire()
+                self.kernel = self._held.__enter__()
+            return self._run(str(code))
+        finally:
+            PythonSandbox.tool_s += time.perf_counter() - t0
+            PythonSandbox.tool_calls += 1
+
+    def _run(self, code: str) -> str:
+        # As a notebook cell: the statements, then the last expression's value (CPython's "single" mode echoes it)
+        try:
+            body = ast.parse(code).body
+        except SyntaxError:
+            body = []
+        last_expr = bool(body) and isinstance(body[-1], ast.Expr)
+        parts = []
+        if last_expr:
+            lines = code.splitlines(keepends=True)
+            head, tail = "".join(lines[:body[-1].lineno - 1]), "".join(lines[body[-1].lineno - 1:])
+            parts = [(head, "exec"), (tail, "single")] if head.strip() else [(tail, "single")]
+        else:
+            parts = [(code, "exec")]
+        output = []
+        for src, mode in parts:
+            result = self.kernel.execute(src, mode=mode)
+            output.append(result.output)
+            self.submitted += [c.args[0] for c in result.tool_calls if c.name == "submit" and c.args]
+            if result.status != "ok":
+                if result.status in ("timeout", "crashed"):
+                    output.append(f"[{result.status}]\n")
+                break
+        text = "".join(output)
+        return text[-2000:] if text else "(no output)"
+
+    def _correct(self, final_text: str) -> bool:
+        task = PythonSandbox.task
+        if self.submitted:
+            return any(bool(task.check(self.row, value)) for value in self.submitted[-1:])
+        found = _NUMBER.findall(final_text or "")
+        return bool(found) and bool(task.check(self.row, found[-1].replace(",", "")))
+
+
+def run_trl(args: argparse.Namespace, out: Path) -> dict:
+    import datasets
+    import torch
+    import trl
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen2_5_chat_template, supports_tool_calling
+
+    from replrl.backends.hf import GEN_THREADS
+    from replrl.models import load_model_and_tokenizer
+    from sandbox import Limits, SyncKernelPool
+
+    datasets.disable_progress_bars()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    task = load_task(args)
+    torch.manual_seed(args.seed)
+    batch = args.group_size * args.problems_per_step
+    eval_batch = max(1, min(8, args.eval_n or 1))
+    PythonSandbox.task = task
+    PythonSandbox.pool = SyncKernelPool(max(batch, eval_batch), limits=Limits(wall_s=5.0, memory_mb=2048),
+                                        tools=("submit",))
+    model, tok = load_model_and_tokenizer(args.model_dir, dtype=torch.bfloat16 if args.vllm else torch.float32,
+                                          device="cuda" if torch.cuda.is_available() else "cpu")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    template = "as shipped"
+    if not supports_tool_calling(tok):
+        # SmolLM2's ChatML template has no tool format: TRL's own Qwen2.5 template (ChatML too, <|im_start|> and
+        # <|im_end|>, with the tool schema in the system turn and <tool_call> tags) is the one its loop parses
+        tok.chat_template, template = qwen2_5_chat_template, "TRL's qwen2_5 (the model's own has no tool format)"
+
+    def prompt_of(row: dict) -> list[dict]:
+        # The question and how to answer; replrl's header speaks of a REPL transcript, which this side has not
+        return [{"role": "user", "content": f"{row[getattr(task, 'field_question', 'question')]}\n\n{TOOL_NOTE}"}]
+
+    train_rows = rows_of(task, "train")
+    eval_rows = rows_of(task, "test", args.eval_n)
+    train_ds = datasets.Dataset.from_list([{**r, "prompt": prompt_of(r)} for r in train_rows])
+    eval_ds = datasets.Dataset.from_list([{**r, "prompt": prompt_of(r)} for r in eval_rows]) if eval_rows else None
+    outcomes: dict[str, list[bool]] = {"train": [], "eval": []}
+    mode = ["train"]
+    samples: list[dict] = []  # the last few episodes, for the record
+
+    def correct(completions: list, environments: list | None = None, **kwargs: Any) -> list[float]:
+        rewards = []
+        for completion, env in zip(completions, environments or [], strict=True):
+            final = next((m.get("content") for m in reversed(completion) if m.get("role") == "assistant"), "")
+            ok = env._correct(final if isinstance(final, str) else str(final))
+            outcomes[mode[0]].append(ok)
+            samples.append({"mode": mode[0], "correct": ok, "submitted": [str(v) for v in env.submitted],
+                            "messages": [{k: str(v)[:600] for k, v in m.items()} for m in completion]})
+            del samples[:-8]
+            rewards.append(1.0 if ok else 0.0)
+        return rewards
+
+    timing = {"rollout_s": 0.0, "generate_s": 0.0, "model_tokens": 0, "completion_tokens": 0, "episodes": 0}
+    steps: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, _args, state, control, **kw):
+            self.t0 = time.time()
+            for k in timing:
+                timing[k] = 0 if isinstance(timing[k], int) else 0.0
+            PythonSandbox.tool_s, PythonSandbox.tool_calls = 0.0, 0
+            self.n_outcomes = len(outcomes["train"])
+
+        def on_step_end(self, _args, state, control, **kw):
+            step_s = time.time() - self.t0
+            got = outcomes["train"][self.n_outcomes:]
+            entry = {"step": state.global_step, "step_s": step_s, "rollout_s": timing["rollout_s"],
+                     "update_s": step_s - timing["rollout_s"],
+                     "generation_s": timing["generate_s"] - PythonSandbox.tool_s,
+                     "execution_s": PythonSandbox.tool_s, "episodes": timing["episodes"],
+                     "model_tokens": timing["model_tokens"],
+                     "env_tokens": timing["completion_tokens"] - timing["model_tokens"],
+                     "executions": PythonSandbox.tool_calls, "accuracy": mean([float(x) for x in got])}
+            steps.append(entry)
+            print(f"[trl] step {entry['step']} | {step_s:.1f}s (rollout {entry['rollout_s']:.1f}s, tools "
+                  f"{entry['execution_s']:.2f}s) | {entry['model_tokens']} model tokens | {entry['executions']} "
+                  f"tool calls | accuracy {entry['accuracy']}", flush=True)
+
+    config = GRPOConfig(
+        output_dir=str(out / "trl_run"), use_cpu=not torch.cuda.is_available(), bf16=args.vllm, fp16=False,
+        seed=args.seed, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+        max_grad_norm=1.0, num_generations=args.group_size, num_generations_eval=1,
+        per_device_train_batch_size=batch, per_device_eval_batch_size=eval_batch, gradient_accumulation_steps=1,
+        num_iterations=1, max_completion_length=args.budget_tokens, temperature=args.temperature, top_k=0,
+        top_p=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
+        max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_pin_memory=False, gradient_checkpointing=False, use_vllm=args.vllm, vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=correct, args=config, train_dataset=train_ds,
+                          eval_dataset=eval_ds, processing_class=tok, environment_factory=PythonSandbox,
+                          callbacks=[StepTimer()])
+    for noisy in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(noisy)
+    generate, generate_and_score = trainer._generate, trainer._generate_and_score_completions
+
+    # replrl's HF backend samples with GEN_THREADS torch threads (1 on a CPU of <= 4 cores: the kernels need the
+    # others) and updates with torch's default; TRL's sampling gets the same, so the two sides differ in the loop only
+    gen_threads = None if torch.cuda.is_available() else GEN_THREADS
+
+    def timed_generate(prompts: list) -> Any:
+        t0 = time.time()
+        threads = torch.get_num_threads()
+        if gen_threads:
+            torch.set_num_threads(gen_threads)
+        try:
+            result = generate(prompts)
+        finally:
+            torch.set_num_threads(threads)
+        timing["generate_s"] += time.time() - t0
+        _, completion_ids, tool_mask, *_ = result
+        timing["episodes"] += len(completion_ids)
+        timing["completion_tokens"] += sum(len(ids) for ids in completion_ids)
+        timing["model_tokens"] += sum(sum(m) for m in tool_mask) if tool_mask is not None \
+            else sum(len(ids) for ids in completion_ids)
+        return result
+
+    def timed_generate_and_score(inputs: Any) -> Any:
+        t0 = time.time()
+        try:
+            return generate_and_score(inputs)
+        finally:
+            timing["rollout_s"] += time.time() - t0
+
+    trainer._generate, trainer._generate_and_score_completions = timed_generate, timed_generate_and_score
+
+    def evaluate(label: str) -> tuple[float | None, float]:
+        if eval_ds is None:
+            return None, 0.0
+        mode[0] = "eval"
+        n0, t0 = len(outcomes["eval"]), time.time()
+        trainer.evaluate()
+        mode[0] = "train"
+        got = outcomes["eval"][n0:]
+        acc = mean([float(x) for x in got])
+        print(f"[trl] held-out accuracy {label}: {acc} ({len(got)} rows, {time.time() - t0:.0f}s)", flush=True)
+        return acc, time.time() - t0
+
+    if trainer.chat_template:
+        template += "; replaced by TRL's training template (prefix-preserving)"
+    print(f"[trl] TRL {trl.__version__} GRPOTrainer, tool loop over a sandboxed kernel; chat template: {template}",
+          flush=True)
+    t0 = time.time()
+    try:
+        before, eval_before_s = evaluate("before")
+        trainer.train()
+        after, eval_after_s = evaluate("after")
+    finally:
+        PythonSandbox.pool.close()
+    return {"side": "trl", "before_accuracy": before, "after_accuracy": after, "eval_n": len(eval_rows),
+            "eval_wall_s": [round(eval_before_s, 1), round(eval_after_s, 1)],
+            "process_wall_s": round(time.time() - t0, 1), "trl_version": trl.__version__, "chat_template": template,
+            "executions_are": "tool calls (a whole code block each)", "steps": steps,
+            "samples": samples}
+
+
+# ---------------------------------------------------------------------------------------------------------- report
+
+
+def summarize(side: dict) -> dict:
+    steps = side["steps"]
+    timed = timed_steps(steps)
+    rollout = sum(s["rollout_s"] for s in timed)
+    train_s = sum(s["step_s"] for s in steps)
+    step_s = mean([s["step_s"] for s in timed])
+    gain = None
+    if side["before_accuracy"] is not None and side["after_accuracy"] is not None:
+        gain = side["after_accuracy"] - side["before_accuracy"]
+    return {
+        "steps": len(steps), "step_s": step_s, "rollout_s": mean([s["rollout_s"] for s in timed]),
+        "update_s": mean([s["update_s"] for s in timed]),
+        "execution_s": mean([s["execution_s"] or 0.0 for s in timed]),
+        "episodes_per_step": mean([s["episodes"] for s in timed]),
+        "model_tokens_per_episode": sum(s["model_tokens"] for s in timed) / max(1, sum(s["episodes"] for s in timed)),
+        "model_tokens_per_s": sum(s["model_tokens"] for s in timed) / rollout if rollout else None,
+        "executions_per_episode": sum(s["executions"] for s in timed) / max(1, sum(s["episodes"] for s in timed)),
+        "executions_per_s": sum(s["executions"] for s in timed) / rollout if rollout else None,
+        "steps_per_hour": 3600 / step_s if step_s else None,
+        "train_wall_s": train_s, "before_accuracy": side["before_accuracy"], "after_accuracy": side["after_accuracy"],
+        "accuracy_gain": gain,
+        "accuracy_gain_per_hour": gain * 3600 / train_s if gain is not None and train_s else None,
+        "train_accuracy_per_step": [s["accuracy"] for s in steps],
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b not in (None, 0) and (a >= 0 and b > 0) else None
+
+
+def fmt(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def report(args: argparse.Namespace, sides: dict[str, dict], out: Path, meta: dict) -> dict:
+    s = {name: summarize(side) for name, side in sides.items()}
+    r, t = s.get("replrl"), s.get("trl")
+    rows = [
+        ("steps", "steps", "d"), ("wall per step, s (steps 2+ when >= 3)", "step_s", ".1f"),
+        ("  rollout (generation + execution), s", "rollout_s", ".1f"), ("  update, s", "update_s", ".1f"),
+        ("  of the rollout: executing code, s", "execution_s", ".2f"),
+        ("episodes per step", "episodes_per_step", ".0f"),
+        ("model tokens per episode", "model_tokens_per_episode", ".1f"),
+        ("model tokens / s of rollout", "model_tokens_per_s", ".1f"),
+        ("executions per episode (replrl: lines; TRL: tool calls)", "executions_per_episode", ".2f"),
+        ("executions / s of rollout", "executions_per_s", ".2f"),
+        ("held-out accuracy before", "before_accuracy", ".3f"), ("held-out accuracy after", "after_accuracy", ".3f"),
+        ("training wall, s", "train_wall_s", ".0f"), ("steps per hour", "steps_per_hour", ".1f"),
+        ("accuracy gained per hour of training (points/h)", "accuracy_gain_per_hour", ".3f"),
+    ]
+    lines = ["| figure | replrl | TRL GRPOTrainer + python tool |", "|---|---|---|"]
+    for label, key, spec in rows:
+        lines.append(f"| {label} | {fmt(r and r[key], spec)} | {fmt(t and t[key], spec)} |")
+    table = "\n".join(lines)
+    print("\n" + table + "\n", flush=True)
+    summary = {
+        "replrl_vs_trl_steps_per_hour": ratio(r and r["steps_per_hour"], t and t["steps_per_hour"]),
+        "replrl_vs_trl_accuracy_per_hour": ratio(r and r["accuracy_gain_per_hour"], t and t["accuracy_gain_per_hour"]),
+        "replrl_vs_trl_model_tokens_per_s": ratio(r and r["model_tokens_per_s"], t and t["model_tokens_per_s"]),
+        "replrl_vs_trl_executions_per_s": ratio(r and r["executions_per_s"], t and t["executions_per_s"]),
+        "replrl_vs_trl_update_s": ratio(r and r["update_s"], t and t["update_s"]),
+        "replrl_accuracy": [r and r["before_accuracy"], r and r["after_accuracy"]],
+        "trl_accuracy": [t and t["before_accuracy"], t and t["after_accuracy"]],
+        "replrl_step_s": r and round(r["step_s"], 1), "trl_step_s": t and round(t["step_s"], 1),
+        "model": meta["model"], "task": args.task, "steps": args.steps, "group_size": args.group_size,
+        "problems_per_step": args.problems_per_step, "eval_n": args.eval_n, "smoke": args.smoke, "vllm": args.vllm,
+    }
+    (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "figures": s, "sides": sides},
+                                                 indent=2, default=str) + "\n")
+    (out / "table.md").write_text(table + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    if args.side:  # a child: one side, its record to OUT/<side>.json
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        record = run_replrl(args, out) if args.side == "replrl" else run_trl(args, out)
+        (out / f"{args.side}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        return 0
+
+    if "trl" in args.sides:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            print("trl is not installed: pip install -e '.[bench]'", file=sys.stderr)
+            return 1
+    from replrl.models import resolve_model
+
+    model_dir = tiny_model_dir(out) if args.smoke else resolve_model(args.model)
+    task = load_task(args)
+    used = rows_of(task, "train", 200) + rows_of(task, "test", args.eval_n)
+    max_total = args.budget_tokens + replrl_prompt_tokens(model_dir, task, used)
+    meta = {"model": "tiny random (smoke)" if args.smoke else args.model, "model_dir": model_dir,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+            "cpus": os.cpu_count(), "argv": sys.argv, "replrl_max_total_tokens": max_total,
+            "budget_tokens": args.budget_tokens, "loadavg": {"start": os.getloadavg()}}
+    sides: dict[str, dict] = {}
+    for side in [s for s in args.sides.split(",") if s]:
+        if args.reuse and (out / f"{side}.json").is_file():
+            sides[side] = json.loads((out / f"{side}.json").read_text())
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:]),
+               "--side", side, "--model-dir", model_dir, "--max-total-tokens", str(max_total)]
+        print(f"=== {side} ===", flush=True)
+        done = subprocess.run(cmd)
+        if done.returncode != 0:
+            print(f"{side} failed (exit {done.returncode})", file=sys.stderr)
+            return 1
+        sides[side] = json.loads((out / f"{side}.json").read_text())
+        meta["loadavg"][f"after_{side}"] = os.getloadavg()  # 1, 5, 15 min: this machine is shared
+    summary = report(args, sides, out, meta)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
