@@ -260,22 +260,28 @@ def shard_like(prepared: Any, module: Any, accelerator: Any) -> Any:
     """Under FSDP2, ``module`` (a frozen copy of the policy's scorer: the reference model's ``TokenScorer``) sharded
     as ``prepared`` is: ``fully_shard`` on the submodules of the same names (the decoder layers, then the root), on
     the same device mesh, with the accelerate config's reshard-after-forward and mixed precision. Every rank holds
-    its part of the weights, and each no-grad forward gathers them unit by unit as the policy's does (a collective
-    per unit: every rank must run the same forwards). Anything else: ``module`` as it is."""
+    its part of the weights, copied from the policy's shards (call it before any update), and each no-grad forward
+    gathers them unit by unit as the policy's does (a collective per unit: every rank must run the same forwards).
+    Anything else: ``module`` as it is."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
 
     if not getattr(accelerator, "is_fsdp2", False):
         return module
     plugin = accelerator.state.fsdp_plugin
-    if plugin.cpu_ram_efficient_loading:  # (every rank: the same config)
-        raise ConfigError("loss.kl_coef > 0 with fsdp_cpu_ram_efficient_loading: true is not supported (the ranks "
-                          "other than 0 load no reference weights): set fsdp_cpu_ram_efficient_loading: false")
     mesh = next(p for p in prepared.parameters() if isinstance(p, DTensor)).device_mesh
     units = [name for name, m in prepared.named_modules() if isinstance(m, FSDPModule)]
     for name in sorted(units, key=lambda n: (-n.count(".") if n else 1, n)):  # the deepest first, the root last
         fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
                     mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
+    # the weights: each rank's shards copied from the policy's, as prepare left them (rank 0's, broadcast, where the
+    # other ranks read none: ``reads_no_weights``); the same units and mesh, so the same local shapes
+    policy = dict(prepared.named_parameters())
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            mine, theirs = p, policy[name]
+            mine = mine.to_local() if isinstance(mine, DTensor) else mine
+            mine.copy_(theirs.to_local() if isinstance(theirs, DTensor) else theirs)
     return module
 
 

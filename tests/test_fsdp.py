@@ -102,19 +102,6 @@ def test_fsdp2_bf16_mixed_precision_keeps_float32_shards_and_nears_one_process(f
         assert float((gb - ga).abs().max()) <= 0.1 * float(ga.abs().max()) + 1e-6
 
 
-def test_kl_coef_with_cpu_ram_efficient_loading_is_refused_in_one_line():
-    """The reference model is copied from the loaded policy, which ranks other than 0 do not read."""
-    from types import SimpleNamespace
-
-    from replrl.configlib import ConfigError
-    from replrl.policy import shard_like
-
-    accelerator = SimpleNamespace(is_fsdp2=True, state=SimpleNamespace(
-        fsdp_plugin=SimpleNamespace(cpu_ram_efficient_loading=True)))
-    with pytest.raises(ConfigError, match=r"^loss.kl_coef > 0 with fsdp_cpu_ram_efficient_loading: true is not "):
-        shard_like(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), accelerator)
-
-
 @pytest.mark.parametrize("extra", ["kl", "lora"])
 def test_fsdp2_update_with_a_sharded_reference_model_or_lora_equals_one_process(format_model_dir, tmp_path, extra):
     """tests/ddp_update.py's uneven update under FSDP2 with a KL term (loss.kl_coef 0.1: the reference model is
