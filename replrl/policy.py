@@ -23,6 +23,8 @@ def load_policy(cfg: ModelConfig, seed: int = 0, checkpoint: Path | None = None)
         return _load_lora_checkpoint(cfg, source, dtype, seed)
     if cfg.load_in_4bit:
         model, tokenizer = _load_4bit(cfg, str(source) if source is not None else cfg.name)
+    elif cfg.name != "tiny" and reads_no_weights():
+        model, tokenizer = _unread_model(str(source) if source is not None else cfg.name, dtype)
     elif source is not None:
         model, tokenizer = load_model_and_tokenizer(str(source), dtype=dtype)
     elif cfg.name == "tiny":
@@ -32,6 +34,37 @@ def load_policy(cfg: ModelConfig, seed: int = 0, checkpoint: Path | None = None)
         model, tokenizer = load_model_and_tokenizer(cfg.name, dtype=dtype)
     if cfg.lora_rank > 0:
         model = _with_lora(model, cfg)
+    return model, tokenizer
+
+
+def reads_no_weights(environ: Any = None) -> bool:
+    """Whether this process leaves the weights unread: a rank other than 0 under FSDP2 with
+    ``fsdp_cpu_ram_efficient_loading: true``, where accelerate's ``prepare`` broadcasts rank 0's weights into every
+    rank's shards (so 8 ranks of a node do not each read the whole model into host memory)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return fsdp2_asked(env) and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() in ("1", "true", "yes") \
+        and int(env.get("RANK", "0")) > 0
+
+
+def _unread_model(spec: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The model of ``spec`` built from its config alone, its weights allocated but neither read nor initialised
+    (untouched pages: next to no host memory until accelerate writes this rank's shards), with the tokenizer and
+    generation config ``load_model_and_tokenizer`` would give."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers.initialization import no_init_weights
+
+    from .models import resolve_model
+
+    source = resolve_model(spec)
+    tokenizer = load_tokenizer(source)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=dtype)
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(source)
+    except OSError:  # none saved: the one from_pretrained would derive from the config
+        pass
     return model, tokenizer
 
 
@@ -227,22 +260,28 @@ def shard_like(prepared: Any, module: Any, accelerator: Any) -> Any:
     """Under FSDP2, ``module`` (a frozen copy of the policy's scorer: the reference model's ``TokenScorer``) sharded
     as ``prepared`` is: ``fully_shard`` on the submodules of the same names (the decoder layers, then the root), on
     the same device mesh, with the accelerate config's reshard-after-forward and mixed precision. Every rank holds
-    its part of the weights, and each no-grad forward gathers them unit by unit as the policy's does (a collective
-    per unit: every rank must run the same forwards). Anything else: ``module`` as it is."""
+    its part of the weights, copied from the policy's shards (call it before any update), and each no-grad forward
+    gathers them unit by unit as the policy's does (a collective per unit: every rank must run the same forwards).
+    Anything else: ``module`` as it is."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
 
     if not getattr(accelerator, "is_fsdp2", False):
         return module
     plugin = accelerator.state.fsdp_plugin
-    if plugin.cpu_ram_efficient_loading:  # (every rank: the same config)
-        raise ConfigError("loss.kl_coef > 0 with fsdp_cpu_ram_efficient_loading: true is not supported (the ranks "
-                          "other than 0 load no reference weights): set fsdp_cpu_ram_efficient_loading: false")
     mesh = next(p for p in prepared.parameters() if isinstance(p, DTensor)).device_mesh
     units = [name for name, m in prepared.named_modules() if isinstance(m, FSDPModule)]
     for name in sorted(units, key=lambda n: (-n.count(".") if n else 1, n)):  # the deepest first, the root last
         fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
                     mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
+    # the weights: each rank's shards copied from the policy's, as prepare left them (rank 0's, broadcast, where the
+    # other ranks read none: ``reads_no_weights``); the same units and mesh, so the same local shapes
+    policy = dict(prepared.named_parameters())
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            mine, theirs = p, policy[name]
+            mine = mine.to_local() if isinstance(mine, DTensor) else mine
+            mine.copy_(theirs.to_local() if isinstance(theirs, DTensor) else theirs)
     return module
 
 

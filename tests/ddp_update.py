@@ -39,11 +39,12 @@ ROWS = {"uneven": ((0, 1, 2, 3, 4), (5, 6, 7)), "minibatches": ((0, 1, 2, 3, 4, 
 
 
 def config(model_dir: str, split: str = "strided", extra: str = "") -> Config:
-    """``extra``: "kl" (a KL term to the reference model, coefficient 0.1), "lora" (adapters of rank 4), or both
-    (comma-separated)."""
+    """``extra``: "kl" (a KL term to the reference model, coefficient 0.1), "lora" (adapters of rank 4), "bf16"
+    (float32 weights computing in bfloat16: accelerate's mixed precision), comma-separated."""
     return resolve(Config, None, {
         "model": {"name": model_dir, "chat_template": False, "device": "cpu",
-                  "lora_rank": 4 if "lora" in extra.split(",") else 0},
+                  "lora_rank": 4 if "lora" in extra.split(",") else 0,
+                  "compute_dtype": "bfloat16" if "bf16" in extra.split(",") else ""},
         "loss": {"kl_coef": 0.1 if "kl" in extra.split(",") else 0.0},
         "task": {"name": "tests.toy:EchoTask"},
         "rollout": {"group_size": 4, "problems_per_step": 2, "temperature": 1.0},
@@ -96,11 +97,27 @@ def counting(trainer: Trainer) -> dict[str, int]:
     return counts
 
 
+def recording_loads() -> dict[str, int]:
+    """How often this rank read the policy's weights (``load_model_and_tokenizer``) and built it unread
+    (``policy._unread_model``: rank > 0 under fsdp_cpu_ram_efficient_loading), as it happens."""
+    import replrl.policy
+
+    loaded = {"read": 0, "unread": 0}
+    for name, key in (("load_model_and_tokenizer", "read"), ("_unread_model", "unread")):
+        def counted(*args: object, _load=getattr(replrl.policy, name), _key=key, **kwargs: object) -> object:
+            loaded[_key] += 1
+            return _load(*args, **kwargs)
+
+        setattr(replrl.policy, name, counted)
+    return loaded
+
+
 def main(model_dir: str, out: str, split: str = "strided", extra: str = "") -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         # every rank needs the same run directory: the main process makes it, the others find it
         run = Path(out).parent / f"ddp-run-{split}{extra}" if "RANK" in os.environ else Path(tmp) / "run"
+        loaded = recording_loads()
         trainer = Trainer(config(model_dir, split, extra), run, progress=False)
         rank, world = trainer.rank, trainer.world
         batch, adv = synthetic_batch(trainer, split)
@@ -118,7 +135,10 @@ def main(model_dir: str, out: str, split: str = "strided", extra: str = "") -> N
         # FSDP2: every rank gathers every tensor (a collective each), in the same order
         record = {"params": [whole(p) for p in params], "grads": [whole(p.grad) for p in params],
                   "stats": stats, "world": world, "wrapper": type(trainer.scorer).__name__, "counts": counts,
-                  "rows": len(rows), "row_ids": rows, "ref_logprobs": ref, "sharded": sharded, "fsdp": trainer.fsdp,
+                  "loaded": loaded, "rows": len(rows), "row_ids": rows, "ref_logprobs": ref, "sharded": sharded,
+                  "fsdp": trainer.fsdp, "dtypes": sorted({str(p.dtype) for p in params}),
+                  "mp_policy": repr(getattr(getattr(trainer.accelerator.state, "fsdp_plugin", None),
+                                            "mixed_precision_policy", None)),
                   "ref_sharded": trainer.ref_model is not None
                   and isinstance(next(trainer.ref_model.parameters()), DTensor),
                   "units": [n for n, m in trainer.scorer.named_modules() if isinstance(m, FSDPModule)]}

@@ -36,9 +36,9 @@ fsdp_config:
 """What a user with 2 CPU processes writes (no wrap policy, no layer class: replrl finds the decoder layers)."""
 
 
-def fsdp2_launch(tmp_path: Path, *args: str) -> list[str]:
+def fsdp2_launch(tmp_path: Path, *args: str, yaml: str = FSDP2_CPU) -> list[str]:
     config = tmp_path / "fsdp2_cpu.yaml"
-    config.write_text(FSDP2_CPU)
+    config.write_text(yaml)
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
             str(free_port()), *args]
 
@@ -67,6 +67,39 @@ def test_fsdp2_update_over_two_cpu_processes_is_sharded_and_equals_one_process(f
         assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
     for ga, gb in zip(a["grads"], r0["grads"], strict=True):
         torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
+def test_fsdp2_cpu_ram_efficient_loading_reads_the_weights_on_rank_0_only(format_model_dir, tmp_path):
+    """``fsdp_cpu_ram_efficient_loading: true``: rank 1 builds the policy from its config without reading (or
+    initialising) the weights (``policy.reads_no_weights``), rank 0 reads them, accelerate's prepare broadcasts rank
+    0's into every rank's shards, and the update's gradients equal one process's."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    run([sys.executable, "-m", "tests.ddp_update", str(format_model_dir), str(one), "uneven"])
+    run(fsdp2_launch(tmp_path, "-m", "tests.ddp_update", str(format_model_dir), str(two), "uneven",
+                     yaml=FSDP2_CPU + "  fsdp_cpu_ram_efficient_loading: true\n"))
+    a, r0, r1 = torch.load(one), torch.load(two), torch.load(f"{two}.rank1")
+    assert (r0["loaded"], r1["loaded"]) == ({"read": 1, "unread": 0}, {"read": 0, "unread": 1})
+    assert r0["sharded"] and r0["counts"] == r1["counts"]
+    for ga, gb in zip(a["grads"], r0["grads"], strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
+def test_fsdp2_bf16_mixed_precision_keeps_float32_shards_and_nears_one_process(format_model_dir, tmp_path):
+    """model.compute_dtype = bfloat16 over float32 weights under FSDP2 (accelerate's bf16: FSDP's
+    MixedPrecisionPolicy gathers bfloat16 copies for the forward and backward and reduces in bfloat16): the shards
+    (master weights) stay float32, and the gradients are one process's under bfloat16 autocast to bfloat16's
+    precision (not equal: the two cast different operations). accelerate's upcast of bfloat16 *storage* to float32
+    master weights needs model.dtype = bfloat16 with mixed precision, which replrl selects on GPUs only."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    run([sys.executable, "-m", "tests.ddp_update", str(format_model_dir), str(one), "uneven", "bf16"])
+    run(fsdp2_launch(tmp_path, "-m", "tests.ddp_update", str(format_model_dir), str(two), "uneven", "bf16"))
+    a, r0 = torch.load(one), torch.load(two)
+    assert r0["sharded"] and r0["dtypes"] == ["torch.float32"]
+    assert "param_dtype=torch.bfloat16" in r0["mp_policy"]
+    for sa, sb in zip(a["stats"], r0["stats"], strict=True):
+        assert sb["grad_norm"] == pytest.approx(sa["grad_norm"], rel=0.03)
+    for ga, gb in zip(a["grads"], r0["grads"], strict=True):
+        assert float((gb - ga).abs().max()) <= 0.1 * float(ga.abs().max()) + 1e-6
 
 
 @pytest.mark.parametrize("extra", ["kl", "lora"])
