@@ -186,11 +186,17 @@ def test_the_update_adds_the_weighted_mean_cross_entropy_and_nothing_at_weight_0
     accuracy = float((logits[:, :-1].argmax(-1) == ids[:, 1:])[on].float().mean())
     assert stats["term"]["predict_output/accuracy"] == pytest.approx(accuracy)
     assert stats["term"]["predict_output/tokens"] == float(on.sum())
+    # float32 sums in another order (chunks of the LM head, micro-batches trimmed to their own length): a few of the
+    # 3.1M entries of the (tied) embedding's gradient differ by up to ~1e-4; a wrong scale or a missed token would
+    # be off by far more, in norm
+    def same(got, want):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=2e-4)
+        assert float((got - want).norm()) <= 1e-3 * float(want.norm()) + 1e-9
+
     for p_hand, g_alone, g_term, g_plain in zip(initial.parameters(), grads["alone"], grads["term"], grads["plain"],
                                                 strict=True):
-        torch.testing.assert_close(g_alone, 0.5 * p_hand.grad, rtol=1e-4, atol=1e-7)
-        # with the policy gradient: the sum (to float32 rounding of the larger policy-gradient terms)
-        torch.testing.assert_close(g_term, g_plain + g_alone, rtol=1e-3, atol=1e-4)
+        same(g_alone, 0.5 * p_hand.grad)
+        same(g_term, g_plain + g_alone)   # with the policy gradient: the sum of the two
     assert any(float(p.grad.abs().sum()) > 0 for p in initial.parameters())
 
 
@@ -297,3 +303,25 @@ def test_the_mask_covers_exactly_what_the_repl_printed(episode):
     unmasked_env = [t for t in range(traj.prompt_len, len(ids)) if not traj.loss_mask[t] and not mask[t]]
     assert decode(tokenizer, [ids[t] for t in unmasked_env]).replace(TRUNCATED_MARKER, "").replace(
         ">>>", "").replace("...", "").strip("\n") == ""
+
+
+def test_replrl_plot_draws_the_output_prediction_panel_only_for_runs_that_logged_it():
+    from replrl.plot import run_figure
+
+    rows = [{"step": 1, "reward_mean": 0.1, "accuracy": 0.2, "loss/predict_output": 1.5,
+             "predict_output/accuracy": 0.4},
+            {"step": 1, "eval/accuracy": 0.3, "eval/predict_output/accuracy": 0.5, "eval/loss/predict_output": 1.2}]
+    panels = {ax.get_title(): ax for ax in run_figure(rows).axes if ax.get_visible()}
+    labels = {line.get_label() for line in panels["output prediction"].lines}
+    assert labels == {"predict_output/accuracy", "eval/predict_output/accuracy", "loss/predict_output",
+                      "eval/loss/predict_output"}
+    plain = [{"step": 1, "accuracy": 0.2}]
+    assert "output prediction" not in {ax.get_title() for ax in run_figure(plain).axes}
+
+
+def test_a_negative_weight_is_a_config_error():
+    from replrl.config import LossConfig
+    from replrl.configlib import ConfigError
+
+    with pytest.raises(ConfigError, match="predict_output"):
+        LossConfig(predict_output=-0.1)
