@@ -36,7 +36,8 @@ def output_spans(traj: Trajectory, tokenizer: Any) -> list[tuple[int, int]]:
     """[start, end) in ``traj.token_ids`` of the tokens of what the interpreter printed after each line (lines that
     printed nothing have none). The environment's tokens after line k are those up to line k + 1's first token:
     the printed text, then the next prompt (``>>>``/``...``, with the truncation marker before it when the output
-    was cut, after a newline of the environment's if the cut fell mid-line); the printed part is the tokens that start before the prompt (or the marker)."""
+    was cut, after a newline of the environment's if the cut fell mid-line); the printed part is the tokens that
+    start before the prompt (or the marker, or that newline)."""
     spans = []
     ids = traj.token_ids
     for line, nxt in zip(traj.lines, traj.lines[1:]):
