@@ -382,11 +382,19 @@ class LossConfig:
     """Token aggregation: token_mean, seq_mean, or constant (Dr. GRPO: divide by batch * max_total_tokens)."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty to a frozen reference model (0: no reference model is loaded)."""
+    predict_output: float = 0.0
+    """Weight of a cross-entropy term on what the interpreter printed (values, print output, tracebacks; not the
+    ``>>>``/``...`` prompts nor the truncation marker), averaged over those tokens and added to the GRPO loss: the
+    model learns to predict the REPL (replrl/predict_output.py). 0: the loss is exactly GRPO's."""
+    predict_output_metrics: bool = False
+    """Log loss/predict_output and predict_output/accuracy (the share of output tokens predicted greedily) also at
+    predict_output = 0, in training steps and held-out evaluations: the baseline of a comparison. Always on when
+    predict_output > 0."""
 
     def __post_init__(self) -> None:
         check_choice("loss.agg", self.agg, ("token_mean", "seq_mean", "constant"))
-        if self.clip_low < 0 or self.clip_high < 0 or self.kl_coef < 0:
-            raise ConfigError("loss.clip_low, loss.clip_high and loss.kl_coef must be >= 0")
+        if self.clip_low < 0 or self.clip_high < 0 or self.kl_coef < 0 or self.predict_output < 0:
+            raise ConfigError("loss.clip_low, loss.clip_high, loss.kl_coef and loss.predict_output must be >= 0")
 
 
 @dataclass

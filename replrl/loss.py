@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from replrl.contract import TokenMasks, line_starts, sampling_logprobs
+from replrl.predict_output import output_nll
 from replrl.types import SamplingParams
 
 Aggregation = Literal["token_mean", "seq_mean", "constant"]
@@ -149,9 +150,13 @@ class TokenScorer(torch.nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, params: SamplingParams,
                 banned: Tensor | TokenMasks | None = None, loss_mask: Tensor | None = None,
-                with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
-        """(log-probs [B, T], entropies [B, T] or None): see ``token_logprobs_and_entropy``."""
-        return _token_logprobs(self.lm, input_ids, attention_mask, params, banned, with_entropy, loss_mask)
+                with_entropy: bool = True, output_mask: Tensor | None = None,
+                output_grad: bool = True) -> tuple[Tensor, ...]:
+        """(log-probs [B, T], entropies [B, T] or None): see ``token_logprobs_and_entropy``. With ``output_mask``
+        (the interpreter's output tokens: ``replrl.predict_output``), a third item from the same decoder pass: (the
+        model's cross-entropy [B, T], greedy hits [B, T]) there, with gradient if ``output_grad``."""
+        return _token_logprobs(self.lm, input_ids, attention_mask, params, banned, with_entropy, loss_mask,
+                               output_mask=output_mask, output_grad=output_grad)
 
     def unused_parameters(self) -> list[str]:
         """Names of trainable parameters the scoring does not reach (neither in the decoder nor the LM head): DDP
@@ -185,7 +190,9 @@ def _token_logprobs(
     with_entropy: bool,
     loss_mask: Tensor | None = None,
     chunk: int = 1024,
-) -> tuple[Tensor, Tensor | None]:
+    output_mask: Tensor | None = None,
+    output_grad: bool = True,
+) -> tuple[Tensor, ...]:
     B, T = input_ids.shape
     scored = (attention_mask if loss_mask is None else loss_mask)[:, 1:] > 0    # [B, T-1]  targets to score
     rows, cols = scored.nonzero(as_tuple=True)                              # [N], [N]  target t = cols + 1
@@ -196,10 +203,14 @@ def _token_logprobs(
         states = hidden[rows, cols]                                         # [N, H]  state before each target
         def logits_of(i: slice) -> Tensor:
             return head(states[i])                                          # [n, V]
+        def logits_at(r: Tensor, c: Tensor) -> Tensor:
+            return head(hidden[r, c])                                       # [n, V]
     else:
         full = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [B, T, V]
         def logits_of(i: slice) -> Tensor:
             return full[rows[i], cols[i]]                                   # [n, V]
+        def logits_at(r: Tensor, c: Tensor) -> Tensor:
+            return full[r, c]                                               # [n, V]
     targets = input_ids[:, 1:][rows, cols]                                  # [N]
     if isinstance(banned, TokenMasks):
         if loss_mask is None:
@@ -222,4 +233,6 @@ def _token_logprobs(
     logp = zeros.index_put((rows, cols + 1), flat)                          # [B, T]
     entropy = zeros.index_put((rows, cols + 1), torch.cat(tok_ent)) if with_entropy and tok_ent else (
         zeros if with_entropy else None)                                    # [B, T]
-    return logp, entropy
+    if output_mask is None:
+        return logp, entropy
+    return logp, entropy, output_nll(logits_at, input_ids, output_mask, chunk, output_grad)

@@ -22,7 +22,11 @@ PANELS = [
     ("reward terms (mean per episode)", None),  # every reward/<term>
     ("lines per episode", ["lines_per_episode"]),
     ("policy", ["entropy", "clip_frac", "approx_kl", "kl"]),
+    ("output prediction", ["predict_output/accuracy", "eval/predict_output/accuracy", "loss/predict_output",
+                           "eval/loss/predict_output"]),
 ]
+OPTIONAL_PANELS = {"output prediction"}
+"""Panels drawn only when the run logged one of their metrics (loss.predict_output: replrl/predict_output.py)."""
 
 
 def row_kind(key: str) -> str:
@@ -74,10 +78,15 @@ def run_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     """A matplotlib Figure of a run's metrics rows, one panel per entry of PANELS."""
     from matplotlib.figure import Figure  # no pyplot: no global backend switch (a notebook keeps its inline plots)
 
-    fig = Figure(figsize=(15, 8))
-    axes = fig.subplots(2, 3)
+    logged = {k for r in rows for k in r}
+    panels = [(name, keys) for name, keys in PANELS if name not in OPTIONAL_PANELS or logged & set(keys or ())]
+    cols = math.ceil(len(panels) / 2)
+    fig = Figure(figsize=(5 * cols, 8))
+    axes = fig.subplots(2, cols)
     extra = sorted({k for r in rows for k in r if row_kind(k).startswith("eval_") and k.endswith("/accuracy")})
-    for ax, (name, keys) in zip(axes.flat, PANELS):
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, keys) in zip(axes.flat, panels):
         keys = keys or sorted({k for r in rows for k in r if k.startswith("reward/")})
         if "eval/accuracy" in keys:  # each run.extra_eval task's accuracy beside the first held-out task's
             keys = [*keys, *extra]

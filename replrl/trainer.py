@@ -64,6 +64,7 @@ from .policy import (
     same_adapters_on_every_rank,
     shard_like,
 )
+from .predict_output import OutputPrediction, score_episodes
 from .provenance import record_environment
 from .rewards import RewardModel
 from .rollout import Env, EpisodeRules, TreeShape, summarize
@@ -254,6 +255,9 @@ class Trainer:
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.tree = TreeShape.from_config(cfg.tree)
         self.pad_id = self.generator.pad_id
+        self.predict_output = OutputPrediction(cfg.loss.predict_output, cfg.loss.predict_output_metrics,
+                                               self.tokenizer)
+        """loss.predict_output: the cross-entropy on the interpreter's output tokens (off: nothing added)."""
         self.step = 0
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
         self.ranks = Ranks(self.rank, self.world, self.accelerator.device)
@@ -599,6 +603,7 @@ class Trainer:
         metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
         # 4. advantages (the estimator takes the options of cfg.advantages it declares)
         batch = batch_tensors(trajs, self.pad_id)
+        self.predict_output.add_mask(batch, trajs)  # batch["output_mask"] (loss.predict_output)
         adv = compute_advantages(cfg.advantages.estimator, batch, **vars(cfg.advantages))       # [B, T]
         negative, n_correct = correct_negative(adv, batch["loss_mask"], batch["correct"])
         n_correct = self._sum_over_ranks(n_correct)
@@ -674,11 +679,13 @@ class Trainer:
             for mb in minibatches:
                 self.optimizer.zero_grad(set_to_none=True)
                 weights, share = self._micro_weights(batch, mb)
+                self.predict_output.start_minibatch(batch, mb, self._sum_over_ranks, self._grad_scale)
                 # zero advantage on every scored token (or a weight of 0) and no KL term: the gradient is exactly
                 # zero, so only the forward runs (for the logged statistics), without autograd and without a
                 # backward; under several ranks, only where every rank's micro-batch j is so
                 skippable = self.skip_zero_gradient and not kl_term
                 skips = [skippable and (w == 0.0 or not bool(scored_adv[micro].any())) for micro, w, _ in weights]
+                skips = self.predict_output.keep_backward(skips, weights, batch)
                 order = list(range(len(weights)))
                 if self.world > 1:
                     skips = self._all_ranks(skips)
@@ -692,18 +699,24 @@ class Trainer:
                     ids, att, lm = (batch[k][micro].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
                     T = int(att.sum(1).max())
                     ids, att, lm = ids[:, :T], att[:, :T], lm[:, :T]                        # [b, T]
+                    om = self.predict_output.mask(batch, micro, T, device)                   # [b, T] or None
                     # gradients accumulate locally until the last backward, whose DDP hooks reduce them (FSDP:
                     # every backward reduce-scatters into the sharded gradients, which never exist whole)
                     reduce = j == order[-1] or self.fsdp
                     sync = contextlib.nullcontext() if reduce else self.accelerator.no_sync(self.scorer)
                     with sync, torch.no_grad() if skip else contextlib.nullcontext():
-                        logp, entropy = self.scorer(ids, att, sampling, self.banned(self._vocab()), loss_mask=lm)
+                        logp, entropy, *more = self.scorer(ids, att, sampling, self.banned(self._vocab()),
+                                                           loss_mask=lm, output_mask=om,
+                                                           output_grad=self.predict_output.weight > 0)
                         loss, stats = grpo_loss(logp, old[micro][:, :T].to(device), adv[micro][:, :T].to(device),
                                                 lm, clip=(cfg.loss.clip_low, cfg.loss.clip_high), agg=cfg.loss.agg,
                                                 ref_logp=None if ref is None else ref[micro][:, :T].to(device),
                                                 kl_coef=cfg.loss.kl_coef, max_len=cfg.rollout.max_total_tokens)
+                        total = loss * (weight * share * self._grad_scale)
+                        if more:  # (cross-entropy, hits) on the output tokens: loss.predict_output's term
+                            total = total + self.predict_output.term(*more[0], om, padding)
                         if not skip:
-                            self.accelerator.backward(loss * (weight * share * self._grad_scale))
+                            self.accelerator.backward(total)
                     if padding:  # a stand-in for another rank's micro-batch: no statistics of its own
                         continue
                     micros, skipped = micros + 1, skipped + skip
@@ -729,6 +742,7 @@ class Trainer:
         out["optimizer_steps"] = count - empty
         out["optimizer_steps_skipped"] = empty
         out["backward_skipped_frac"] = skipped / max(micros, 1)
+        out.update(self.predict_output.figures())
         return out
 
     def _micro_weights(self, batch: dict[str, torch.Tensor],
@@ -812,6 +826,10 @@ class Trainer:
                 return
             finally:
                 self._evaluating = False
+            if self.predict_output.on:  # how well the policy predicts the REPL on problems it never saw
+                with self.accelerator.autocast():
+                    figures[label].update(score_episodes(self.model, episodes, self.tokenizer, self.pad_id,
+                                                         self.cfg.optim.micro_batch, self.accelerator.device))
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})
             self.metrics.write(self.step, {f"{label}/{k}": v for k, v in figures[label].items()})
