@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from replrl.loss import aggregate, agg_units, grpo_loss, k3, masked_mean, token_logprobs, token_logprobs_and_entropy
+from replrl.loss import agg_units, aggregate, grpo_loss, k3, masked_mean, token_logprobs, token_logprobs_and_entropy
 from replrl.types import SamplingParams
 
 

@@ -39,7 +39,8 @@ TASK = ScriptTask({name: SCRIPTS[name] for name in ("many", "wrong")})
 RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)
 SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=8, max_total_tokens=400, seed=1)
 BLOCK = 32
-"""The engine's KV block on the CPU (replrl/backends/vllm/engine.py): the prefix cache finds prompts in whole blocks."""
+"""The engine's KV block on the CPU (replrl/backends/vllm/engine.py): the prefix cache finds prompts in whole
+blocks."""
 
 
 @pytest.fixture(scope="module")

@@ -21,15 +21,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sandbox import KernelPool
-
 from ..answers import checkable
 from ..backends.base import GenSession
 from ..repl import ReplSession, ReplStep
-from ..rewards import RewardModel
 from ..tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from ..types import Line, LineSample, SamplingParams, Trajectory
-from .env import EpisodeRules
+from .env import Env
 from .transcript import code_of, decode, env_token_ids
 
 SUBMIT = "submit"
@@ -68,25 +65,25 @@ class Episode:
         return bool(self.traj.end_reason)
 
 
-async def run_episode(gen: GenSession, i: int, tokenizer: Any, pool: KernelPool, task: Task, row: dict,
-                      prompt_ids: list[int], rewards: RewardModel, sampling: SamplingParams,
-                      rules: EpisodeRules) -> Trajectory:
-    """One episode on row ``i`` of the generation session."""
+async def run_episode(gen: GenSession, i: int, env: Env, row: dict, prompt_ids: list[int],
+                      sampling: SamplingParams) -> Trajectory:
+    """One episode on row ``i`` of the generation session, in ``env`` (its pool, task, rules, rewards)."""
+    task, rules = env.task, env.rules
     ep = Episode.start(prompt_ids, task, sampling)
     try:
-        async with pool.acquire() as kernel:  # the pool defines the task's tools (KernelPool(tools=task.tools))
+        async with env.pool.acquire() as kernel:  # the pool defines the task's tools (KernelPool(tools=task.tools))
             ep.traj.timing["setup_s"] = await run_setup(kernel, task, row)
             ep.session = ReplSession(kernel, banner="", digest=rules.state_digest)
             if rules.state_digest and ep.traj.timing["setup_s"]:  # the setup's data is part of the first line's state
                 await ep.session.refresh_state()
-            await play(gen, i, ep, tokenizer, rewards, sampling, rules)
+            await play(gen, i, ep, env, sampling)
     finally:
         gen.finish(i)
-    return finish_episode(ep, task, row, rewards, tokenizer)
+    return finish_episode(ep, env, row)
 
 
-async def play(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewards: RewardModel, sampling: SamplingParams,
-               rules: EpisodeRules, stop_at: int | None = None) -> None:
+async def play(gen: GenSession, i: int, ep: Episode, env: Env, sampling: SamplingParams,
+               stop_at: int | None = None) -> None:
     """Generate and execute lines of ``ep`` on row ``i`` of ``gen`` until the episode ends, or (``stop_at``) until
     it has executed ``stop_at`` statements and stands at a ``>>>`` prompt with the next prompt's tokens in ``traj``."""
     session = ep.session
@@ -96,8 +93,7 @@ async def play(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewards: Re
         while not ep.ended:
             if stop_at is not None and ep.executed >= stop_at and not session.buffer:
                 return
-            spec = await _play_line(gen, i, ep, tokenizer, rewards, sampling, rules, spec,
-                                    speculate=rules.speculate and stop_at is None)
+            spec = await _play_line(gen, i, ep, env, sampling, spec, speculate=env.rules.speculate and stop_at is None)
     finally:
         if spec is not None and not spec.task.done():  # left by an error or a cancellation: not continued
             spec.task.cancel()
@@ -114,11 +110,11 @@ class _Speculation:
     """The row's context length before them (where a rollback cuts)."""
 
 
-async def _play_line(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewards: RewardModel,
-                     sampling: SamplingParams, rules: EpisodeRules, spec: _Speculation | None,
-                     speculate: bool) -> _Speculation | None:
+async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, sampling: SamplingParams,
+                     spec: _Speculation | None, speculate: bool) -> _Speculation | None:
     """One line of ``play``: its sample (``spec``'s, when the line before confirmed it), its execution, its
     environment tokens. Returns the next line's speculation, if one was started and confirmed."""
+    tokenizer, rewards, rules = env.tokenizer, env.rewards, env.rules
     traj, session = ep.traj, ep.session
     assert session is not None
     t0 = time.perf_counter()
@@ -140,7 +136,7 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewar
     at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
     code = code_of(text[:-len(decode(tokenizer, sample.token_ids[-1:]))] if at_eof else text[:-1])
     if speculate and not at_eof:
-        spec = await _speculate(gen, i, ep, tokenizer, sampling, rules, code)
+        spec = await _speculate(gen, i, ep, env, sampling, code)
     t0 = time.perf_counter()
     try:
         step = await session.feed(code)
@@ -196,8 +192,8 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, tokenizer: Any, rewar
     return spec
 
 
-async def _speculate(gen: GenSession, i: int, ep: Episode, tokenizer: Any, sampling: SamplingParams,
-                     rules: EpisodeRules, code: str) -> _Speculation | None:
+async def _speculate(gen: GenSession, i: int, ep: Episode, env: Env, sampling: SamplingParams,
+                     code: str) -> _Speculation | None:
     """Start sampling the line after ``code`` (the episode's last line, about to run) after the prompt predicted
     for it, where it is predicted silent and the episode can only end by what running it shows (an answer, an
     error, a crash...), not by a limit known now. None where it is not."""
@@ -206,8 +202,9 @@ async def _speculate(gen: GenSession, i: int, ep: Episode, tokenizer: Any, sampl
     prompt = session.silent_prompt(code)
     if prompt is None:
         return None
+    rules = env.rules
     repeats = ep.repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
-    env_ids = env_token_ids(tokenizer, "", prompt, rules.max_output_tokens)
+    env_ids = env_token_ids(env.tokenizer, "", prompt, rules.max_output_tokens)
     if (repeats + 1 >= rules.max_repeats or len(traj.lines) + 1 >= sampling.max_lines
             or len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens):
         return None
@@ -227,15 +224,16 @@ async def _drop(gen: GenSession, i: int, spec: _Speculation) -> None:
         spec.task.exception()  # retrieved: an error of a dropped line is not the episode's
 
 
-def finish_episode(ep: Episode, task: Task, row: dict, rewards: RewardModel, tokenizer: Any) -> Trajectory:
-    """The ended episode's trajectory with its answer checked, the end-of-episode reward terms and its text."""
-    traj = ep.traj
+def finish_episode(ep: Episode, env: Env, row: dict) -> Trajectory:
+    """The ended episode's trajectory with its answer checked (``env.task``), the end-of-episode reward terms
+    (``env.rewards``) and its text."""
+    traj, task, rewards = ep.traj, env.task, env.rewards
     if ep.submitted:
         traj.submitted = True
         traj.answer = ep.submitted[0]
         traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
     rewards.finish(traj, bool(ep.submitted))  # end-of-episode terms, gates, the outcome terms
-    traj.text = decode(tokenizer, traj.token_ids)
+    traj.text = decode(env.tokenizer, traj.token_ids)
     traj.timing.update(generation_wait_s=ep.gen_s, execution_s=ep.exec_s)
     if ep.speculated:
         traj.timing.update(speculated_lines=ep.speculated, speculation_hits=ep.speculation_hits)

@@ -30,37 +30,41 @@ async def rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequ
     """Sample ``group_size`` episodes for each ``(row_index, row)`` concurrently; return them grouped in order.
 
     ``tree`` (a ``TreeShape`` with branch points): each group is a tree of episodes that branch at
-    line boundaries instead (``tree_rollout``; its leaves replace the ``group_size`` episodes)."""
+    line boundaries instead (``tree_rollout``; its leaves replace the ``group_size`` episodes). The parts are
+    gathered into one ``Env`` here (``rollout_env`` takes one as it is)."""
+    env = Env(generator, pool, task, rules, rewards, chat_template=chat_template,
+              chat_template_kwargs=chat_template_kwargs or {})
+    return await rollout_env(env, rows, sampling, group_size=group_size, progress=progress, tree=tree)
+
+
+async def rollout_env(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, group_size: int = 1,
+                      progress: Any = None, tree: Any = None) -> tuple[list[Trajectory], RolloutStats]:
+    """``rollout`` in ``env``: a group per row, flat or a tree (``tree``), episode functions scored once."""
     if tree is not None and tree.on:
-        trajs, stats = await tree_rollout(generator, pool, task, rows, rewards, sampling, rules, tree,
-                                          chat_template, progress, chat_template_kwargs)
+        trajs, stats = await tree_rollout(env, rows, sampling, tree, progress)
     else:
-        trajs, stats = await flat_rollout(generator, pool, task, rows, rewards, sampling, rules, group_size,
-                                          chat_template, progress, chat_template_kwargs)
-    await rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions), all at once
+        trajs, stats = await flat_rollout(env, rows, sampling, group_size, progress)
+    await env.rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions), all at once
     return trajs, stats
 
 
-async def flat_rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
-                       rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules, group_size: int = 1,
-                       chat_template: bool = True, progress: Any = None,
-                       chat_template_kwargs: Mapping[str, Any] | None = None,
-                       ) -> tuple[list[Trajectory], RolloutStats]:
+async def flat_rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, group_size: int = 1,
+                       progress: Any = None) -> tuple[list[Trajectory], RolloutStats]:
     """``group_size`` independent episodes for each ``(row_index, row)``, all at once in one generation session;
     grouped in order, with the rollout's statistics (episode-level reward functions not scored yet: ``rollout``)."""
-    tok = generator.tokenizer
+    tok, rules = env.tokenizer, env.rules
     prompts, meta = [], []
     for g, (row_index, row) in enumerate(rows):
-        ids = encode(tok, build_prompt(tok, task.header(row), chat_template, chat_template_kwargs))
+        ids = encode(tok, build_prompt(tok, env.task.header(row), env.chat_template, env.chat_template_kwargs))
         for _ in range(group_size):
             prompts.append(ids)
             meta.append((g, row_index, row))
     t0 = time.perf_counter()
-    gen = generator.session(prompts, sampling)
+    gen = env.generator.session(prompts, sampling)
     try:
         async def one(i: int) -> Trajectory:
             g, row_index, row = meta[i]
-            traj = await run_episode(gen, i, tok, pool, task, row, prompts[i], rewards, sampling, rules)
+            traj = await run_episode(gen, i, env, row, prompts[i], sampling)
             traj.group, traj.row = g, row_index
             if progress is not None:
                 progress.update(1)
@@ -109,9 +113,8 @@ async def rollout_in_waves(env: Env, rows: Sequence[tuple[int, dict]], sampling:
     trajs: list[Trajectory] = []
     stats = RolloutStats()
     for start in range(0, len(rows), per_wave):
-        part, st = await rollout(env.generator, env.pool, env.task, rows[start:start + per_wave], env.rewards,
-                                 sampling, env.rules, group_size=group_size, chat_template=env.chat_template,
-                                 progress=progress, chat_template_kwargs=env.chat_template_kwargs)
+        part, st = await rollout_env(env, rows[start:start + per_wave], sampling, group_size=group_size,
+                                     progress=progress)
         trajs += part
         stats = st if start == 0 else stats.merge(st)
     return trajs, stats

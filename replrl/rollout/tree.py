@@ -36,18 +36,17 @@ import dataclasses
 import logging
 import time
 import zlib
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import KernelPool
 
-from ..backends.base import Generator, GenSession
+from ..backends.base import GenSession
 from ..repl import ReplSession
-from ..rewards import RewardModel
 from ..tasks.base import Task
 from ..types import SamplingParams, Trajectory
-from .env import EpisodeRules
+from .env import Env
 from .episode import Episode, finish_episode, play, run_setup
 from .stats import RolloutStats
 from .transcript import build_prompt, encode
@@ -143,29 +142,26 @@ def stream_key(group: int, path: tuple[int, ...]) -> int:
     return (1 << 32) + zlib.crc32(repr((group, path)).encode())
 
 
-async def tree_rollout(generator: Generator, pool: KernelPool, task: Task, rows: Sequence[tuple[int, dict]],
-                       rewards: RewardModel, sampling: SamplingParams, rules: EpisodeRules, shape: TreeShape,
-                       chat_template: bool = True, progress: Any = None,
-                       chat_template_kwargs: Mapping[str, Any] | None = None,
-                       ) -> tuple[list[Trajectory], RolloutStats]:
+async def tree_rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, shape: TreeShape,
+                       progress: Any = None) -> tuple[list[Trajectory], RolloutStats]:
     """A tree of ``shape`` for each ``(row_index, row)``; returns the leaves grouped in order (within a group, in
     tree order), and the statistics (``tree/...``: branch points, replays and how many diverged, replay time per
     line, tokens generated per leaf against the sampled tokens the leaves hold, which is what a flat group of as
     many episodes samples; ``gen_...``: the generation sessions' counters, summed)."""
-    tree = _Tree(generator, pool, task, rewards, sampling, rules, shape, progress)
-    return await tree.run(rows, chat_template, chat_template_kwargs)
+    tree = _Tree(env, sampling, shape, progress)
+    return await tree.run(rows)
 
 
 class _Tree:
     """One tree rollout: the episodes' tasks, their generation sessions, the groups' leaf accounting."""
 
-    def __init__(self, generator: Generator, pool: KernelPool, task: Task, rewards: RewardModel,
-                 sampling: SamplingParams, rules: EpisodeRules, shape: TreeShape, progress: Any):
-        self.generator, self.pool, self.task, self.rewards = generator, pool, task, rewards
+    def __init__(self, env: Env, sampling: SamplingParams, shape: TreeShape, progress: Any):
         # no speculation in trees (a branch point's rows and replays would need it too): lines run as they come
+        self.env = dataclasses.replace(env, rules=dataclasses.replace(env.rules, speculate=False))
+        self.generator, self.pool, self.task, self.rewards = env.generator, env.pool, env.task, env.rewards
         self.sampling, self.shape, self.progress = sampling, shape, progress
-        self.rules = dataclasses.replace(rules, speculate=False)
-        self.tok = generator.tokenizer
+        self.rules = self.env.rules
+        self.tok = env.tokenizer
         self.counters: dict[str, float] = {"branch_points": 0, "replays": 0, "replays_diverged": 0,
                                            "replayed_lines": 0, "replay_s": 0.0, "leaf_shortfall": 0,
                                            "child_sessions": 0, "cut_lines_back": 0}
@@ -177,14 +173,12 @@ class _Tree:
         self.tasks: set[asyncio.Task] = set()
         self.changed = asyncio.Event()
 
-    async def run(self, rows: Sequence[tuple[int, dict]], chat_template: bool,
-                  chat_template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[Trajectory],
-                                                                                         RolloutStats]:
+    async def run(self, rows: Sequence[tuple[int, dict]]) -> tuple[list[Trajectory], RolloutStats]:
         t_start = time.perf_counter()
         roots: list[_Node] = []
         for g, (row_index, row) in enumerate(rows):
-            ids = encode(self.tok, build_prompt(self.tok, self.task.header(row), chat_template,
-                                                   chat_template_kwargs))
+            ids = encode(self.tok, build_prompt(self.tok, self.task.header(row), self.env.chat_template,
+                                                   self.env.chat_template_kwargs))
             self.groups.append(_Group(open=self.shape.roots))
             roots += [_Node(Episode.start(ids, self.task, self.sampling), g, row_index, row, path=(r,))
                       for r in range(self.shape.roots)]
@@ -234,14 +228,13 @@ class _Tree:
                     ep.traj.tree_diverged = True
             while True:
                 stop_at = self.shape.branch_at[node.level] if node.level < levels else None
-                await play(node.gen, node.slot, ep, self.tok, self.rewards, self.sampling, self.rules,
-                           stop_at=stop_at)
+                await play(node.gen, node.slot, ep, self.env, self.sampling, stop_at=stop_at)
                 if ep.ended:
                     break
                 self._branch(node)
         finally:
             await self._release(node)
-        traj = finish_episode(ep, self.task, node.row, self.rewards, self.tok)
+        traj = finish_episode(ep, self.env, node.row)
         traj.group, traj.row = node.group, node.row_index
         self.leaves.append(node)
         if self.progress is not None:
