@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -251,7 +252,7 @@ def episode():
     from replrl.config import RewardConfig
     from replrl.models import load_tokenizer
     from replrl.rewards import RewardModel
-    from replrl.rollout import EpisodeRules, build_prompt, encode, run_episode
+    from replrl.rollout import Env, EpisodeRules, build_prompt, encode, run_episode
     from sandbox import KernelPool, Limits, run_sync
     from tests.scripted import ScriptTask
 
@@ -265,9 +266,11 @@ def episode():
     prompt = encode(tokenizer, build_prompt(tokenizer, task.header(row), chat_template=False))
     pool = run_sync(KernelPool(size=1, limits=Limits(wall_s=5.0), tools=["submit"]).start())
     try:
-        traj = run_sync(run_episode(ScriptedSession(tokenizer, SCRIPT), 0, tokenizer, pool, task, row, prompt,
-                                    RewardModel(RewardConfig().weights), SamplingParams(max_lines=20),
-                                    EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)))
+        env = Env(SimpleNamespace(tokenizer=tokenizer), pool, task,  # the scripted session is the generator's
+                  EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False),
+                  RewardModel(RewardConfig().weights), chat_template=False)
+        traj = run_sync(run_episode(ScriptedSession(tokenizer, SCRIPT), 0, env, row, prompt,
+                                    SamplingParams(max_lines=20)))
     finally:
         run_sync(pool.close())
     return traj, tokenizer
