@@ -73,7 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--budget-tokens", type=int, default=256,
                    help="tokens after the prompt per episode (model and tool/interpreter tokens)")
-    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--lr", type=float, default=2e-6,
+                   help="AdamW's constant learning rate, both sides. 2e-6 is the project's setting for "
+                        "Qwen2.5-Coder-0.5B (examples/programs_qwen.toml); replrl's default run uses 2e-5 with "
+                        "SmolLM2-135M, a rate at which Qwen2.5-Coder-0.5B stopped calling submit() after one update "
+                        "(held-out 95%% -> 10%%, docs/benchmarks.md)")
     p.add_argument("--eval-n", type=int, default=20, help="held-out rows evaluated before and after, per side")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0: torch's default)")
