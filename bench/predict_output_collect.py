@@ -6,7 +6,7 @@ docs/results/predict_output.md) from a sweep directory, as markdown.
   that never gets there is censored at its last step (shown ``>=``). Per variant: runs reached, mean; each variant
   against the control paired by seed (run.seed): the mean difference with its 95% t-interval over the seed pairs
   (censored runs counted at their budget, so a difference is a bound, said as such).
-- Held-out accuracy (eval/ level 2, eval_level3/ level 3) at each evaluation step, and the paired difference.
+- Held-out accuracy (eval/ level 1, eval_level2/ level 2) at each evaluation step, and the paired difference.
 - Output prediction: eval/predict_output/accuracy before training and at the last evaluation, per variant, and its
   paired difference to the control at the last evaluation (did learning the interpreter raise it?).
 
@@ -76,8 +76,8 @@ def report(variants: dict[str, list[RunData]], baseline: str, threshold: float) 
                    f"{fmt(*mean_ci([float(n) for n, _ in got.values()]))} | {per_seed} | {diff} |")
     steps = sorted({int(r["step"]) for runs in variants.values() for run in runs for r in run.rows
                     if "eval/accuracy" in r})
-    for key, label in (("eval/accuracy", "held-out accuracy, level 2"),
-                       ("eval_level3/accuracy", "held-out accuracy, level 3"),
+    for key, label in (("eval/accuracy", "held-out accuracy, level 1"),
+                       ("eval_level2/accuracy", "held-out accuracy, level 2"),
                        ("eval/predict_output/accuracy", "held-out output-prediction accuracy"),
                        ("eval/loss/predict_output", "held-out output cross-entropy (nats)")):
         pct = "accuracy" in key
