@@ -20,6 +20,7 @@ from replrl.advantages import batch_tensors
 from replrl.loss import TokenScorer, token_logprobs_and_entropy
 from replrl.predict_output import output_mask, output_nll, output_spans
 from replrl.types import LineSample, SamplingParams
+from tests.toy import EchoTask
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -212,6 +213,61 @@ def test_every_micro_batch_with_output_tokens_runs_its_backward(format_model_dir
     b["output_mask"][0, 3:5] = 1.0                                                    # micro-batch 0 only
     stats = t.update(b, torch.zeros_like(b["loss_mask"]))
     assert stats["backward_skipped_frac"] == 0.75 and stats["grad_norm"] > 0
+
+
+class PrintingEchoTask(EchoTask):
+    """EchoTask whose setup shadows the submit tool with a function that prints: the format model's ``submit(k)``
+    prints ``k * 111`` and the next prompt follows (output tokens on every line), until rollout.max_lines."""
+
+    def setup(self, row: dict) -> str:
+        return "def submit(k):\n    print(k * 111)\n"
+
+
+@pytest.mark.parametrize("estimator", ["tree", "state"])
+def test_a_step_with_the_tree_or_state_estimator_learns_the_output_by_hand(format_model_dir, tmp_path, estimator):
+    """A real training step (real kernels; the format model's lines print a number each: PrintingEchoTask) with
+    advantages.estimator = tree (2 roots, branching after line 1) or state, and loss.predict_output 0.5: the logged term and accuracy are the mean cross-entropy and greedy hits of
+    the initial model over the step's output mask (``output_mask`` of its episodes, by hand from the full logits),
+    the mask never touches a sampled token, and the term moves the weights."""
+    from transformers import AutoModelForCausalLM
+
+    from replrl.config import Config
+    from replrl.configlib import resolve
+    from replrl.metrics import read_metrics
+    from replrl.trainer import Trainer
+
+    extra = {"tree": {"roots": 2, "branch_at": [1], "width": 2}} if estimator == "tree" else {}
+    cfg = resolve(Config, None, {
+        "model": {"name": str(format_model_dir), "chat_template": False},
+        "task": {"name": "tests.test_predict_output:PrintingEchoTask"},
+        "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
+                    "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
+        "advantages": {"estimator": estimator}, **extra,
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 4, "grad_clip": 0.0},
+        "loss": {"predict_output": 0.5},
+        "run": {"max_steps": 1, "save_every": 0, "log_samples_every": 0, "eval_n": 0, "time_budget_min": 0},
+    })
+    trajs: list = []
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    trainer.train(on_step=lambda r: trajs.extend(r.trajectories))
+    (row,) = read_metrics(tmp_path / "run")
+    if estimator == "tree":
+        assert row["tree/branch_points"] > 0, "the trees branched: leaves share their first line"
+    b = batch_tensors(trajs, trainer.pad_id)
+    out = output_mask(trajs, trainer.tokenizer, b["input_ids"].shape[1])                # [B, T]
+    on = out[:, 1:] > 0
+    assert on.sum() > 0 and not (out * b["loss_mask"]).any()
+    initial = AutoModelForCausalLM.from_pretrained(format_model_dir).float()
+    with torch.no_grad():
+        logits = initial(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # [B, T, V]
+    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, b["input_ids"][:, 1:, None])[..., 0]         # [B, T-1]
+    assert row["predict_output/tokens"] == float(on.sum())
+    assert row["loss/predict_output"] == pytest.approx(float(nll[on].mean()), rel=1e-5)
+    hits = (logits[:, :-1].argmax(-1) == b["input_ids"][:, 1:])[on].float().mean()
+    assert row["predict_output/accuracy"] == pytest.approx(float(hits), abs=1e-6)
+    assert row["grad_norm"] > 0
+    moved = any(not torch.equal(a, c) for a, c in zip(initial.parameters(), trainer.model.parameters()))
+    assert moved
 
 
 # ---------------------------------------------------------------------------------------------------------------
