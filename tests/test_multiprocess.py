@@ -92,7 +92,7 @@ def test_ddp_update_with_predict_output_equals_one_process(format_model_dir, tmp
         for k in ("loss/predict_output", "predict_output/accuracy"):
             assert s0[k] == s1[k] == pytest.approx(sa[k], rel=1e-5), k
         assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(s0["grad_norm"], rel=2e-3)
-    for pa, p0, p1 in zip(a["params"], r0["params"], r1["params"], strict=True):
+    for p0, p1 in zip(r0["params"], r1["params"], strict=True):
         assert torch.equal(p0, p1), "the ranks' weights diverged"
     if split == "strided":  # one process ran the ranks' micro-batches (tests/ddp_update.py): float tolerance
         assert [s["grad_norm"] for s in a["stats"]] == pytest.approx([s["grad_norm"] for s in r0["stats"]], rel=1e-5)

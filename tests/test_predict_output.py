@@ -226,9 +226,10 @@ class PrintingEchoTask(EchoTask):
 @pytest.mark.parametrize("estimator", ["tree", "state"])
 def test_a_step_with_the_tree_or_state_estimator_learns_the_output_by_hand(format_model_dir, tmp_path, estimator):
     """A real training step (real kernels; the format model's lines print a number each: PrintingEchoTask) with
-    advantages.estimator = tree (2 roots, branching after line 1) or state, and loss.predict_output 0.5: the logged term and accuracy are the mean cross-entropy and greedy hits of
-    the initial model over the step's output mask (``output_mask`` of its episodes, by hand from the full logits),
-    the mask never touches a sampled token, and the term moves the weights."""
+    advantages.estimator = tree (2 roots, branching after line 1) or state, and loss.predict_output 0.5: the logged
+    term and accuracy are the mean cross-entropy and greedy hits of the initial model over the step's output mask
+    (``output_mask`` of its episodes, by hand from the full logits), the mask never touches a sampled token, and the
+    term moves the weights."""
     from transformers import AutoModelForCausalLM
 
     from replrl.config import Config
