@@ -2,8 +2,10 @@
 
 Worked numbers for the term and its gradient; the term through the chunked LM head of a tiny real model (plain and
 LoRA) against the full softmax; the trainer's update at weight 0 (bit-identical, figures or not) and at weight > 0
-(the gradient is GRPO's plus the weight times the mean cross-entropy's, over micro-batches); and the mask on a real
-episode from a real kernel: exactly what the REPL printed, never the prompts or the truncation marker.
+(the gradient is GRPO's plus the weight times the mean cross-entropy's, over micro-batches; under LoRA the adapters'
+only); a real step with the tree and the state estimator; and the mask on a real episode from a real kernel: exactly
+what the REPL printed, never the prompts or the truncation marker. Elsewhere: 2 ranks under DDP
+(tests/test_multiprocess.py) and FSDP2 (tests/test_fsdp.py), the vLLM backend (tests/test_backend_vllm.py).
 """
 
 from __future__ import annotations
@@ -116,12 +118,12 @@ def test_the_scorers_term_is_the_full_softmax_cross_entropy_and_leaves_the_polic
 # the trainer's update
 
 
-def toy_config(model_dir: Path, **loss: object):
+def toy_config(model_dir: Path, model: dict | None = None, **loss: object):
     from replrl.config import Config
     from replrl.configlib import resolve
 
     return resolve(Config, None, {
-        "model": {"name": str(model_dir), "chat_template": False},
+        "model": {"name": str(model_dir), "chat_template": False, **(model or {})},
         "task": {"name": "tests.toy:EchoTask"},
         "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
                     "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
@@ -200,6 +202,38 @@ def test_the_update_adds_the_weighted_mean_cross_entropy_and_nothing_at_weight_0
         same(g_alone, 0.5 * p_hand.grad)
         same(g_term, g_plain + g_alone)   # with the policy gradient: the sum of the two
     assert any(float(p.grad.abs().sum()) > 0 for p in initial.parameters())
+
+
+def test_under_lora_the_update_gives_the_adapters_the_terms_gradient(format_model_dir, probe, tmp_path):
+    """model.lora_rank 4 and loss.predict_output 0.5, no advantage anywhere (the term's gradient alone), on the
+    probe's batch with stand-in output spans: the update's figure is the mean cross-entropy over the output tokens
+    (4 micro-batches of 2, the LM head in chunks on those tokens only), and its gradient reaches the adapters only,
+    equal to 0.5 x the gradient of that mean computed by hand from the full logits of the same peft model."""
+    from replrl.trainer import Trainer
+
+    pytest.importorskip("peft")
+    t = Trainer(toy_config(format_model_dir, {"lora_rank": 4}, predict_output=0.5), tmp_path / "t", progress=False)
+    initial = copy.deepcopy(t.model)
+    b = batch_tensors(probe, t.pad_id)
+    B, T = b["input_ids"].shape
+    out = torch.zeros(B, T)
+    for i in range(B):
+        out[i, 2:4 + i] = 1.0                                                          # prompt tokens as output
+    b["output_mask"] = out
+    stats = t.update(dict(b), torch.zeros_like(b["loss_mask"]))
+    ids, att = b["input_ids"], b["attention_mask"]
+    logits = initial(input_ids=ids, attention_mask=att).logits.float()                # [B, T, V]
+    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]       # [B, T-1]
+    on = out[:, 1:] > 0
+    (0.5 * nll[on].mean()).backward()
+    assert stats["loss/predict_output"] == pytest.approx(float(nll[on].mean().detach()), rel=1e-5)
+    assert stats["predict_output/tokens"] == float(on.sum()) and stats["grad_norm"] > 0
+    got = {n: p.grad for n, p in t.model.named_parameters() if p.grad is not None}
+    want = {n: p.grad for n, p in initial.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys() and all("lora_" in n for n in got)
+    assert any(float(g.abs().sum()) > 0 for g in got.values())
+    for n in got:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-3, atol=2e-5, msg=n)
 
 
 def test_every_micro_batch_with_output_tokens_runs_its_backward(format_model_dir, probe, tmp_path):
