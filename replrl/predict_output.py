@@ -105,7 +105,12 @@ class OutputPrediction:
     The term is the mean over a minibatch's output tokens, on every rank together: each micro-batch adds
     ``weight * sum(nll) * ranks / N`` (N: the minibatch's output tokens summed over ranks), so that DDP's average of
     the ranks' gradients is the gradient of the mean. A rank with no output tokens adds 0 and runs the same forwards
-    and backwards as the others (the policy-gradient term decides which it runs)."""
+    and backwards as the others (the policy-gradient term decides which it runs).
+
+    The figures are the same mean over every rank's output tokens (sums over ranks, then divided: not the mean of the
+    ranks' means, which would weigh a rank with few output tokens as much as one with many), so they equal one
+    process's over the whole batch, and the trainer's mean over ranks of the update's figures leaves them as they
+    are."""
 
     def __init__(self, weight: float, metrics: bool, tokenizer: Any):
         self.weight = float(weight)
@@ -113,6 +118,7 @@ class OutputPrediction:
         self.tokenizer = tokenizer
         self._scale = 0.0
         self._nll = self._hits = self._n = 0.0
+        self._sum_over_ranks: Callable[[float], float] = lambda value: value
 
     def add_mask(self, batch: dict[str, Tensor], trajectories: Sequence[Trajectory]) -> None:
         """``batch["output_mask"]`` [B, T] for ``trajectories`` (the batch's rows), when on."""
@@ -121,7 +127,9 @@ class OutputPrediction:
 
     def start_minibatch(self, batch: dict[str, Tensor], mb: Tensor, sum_over_ranks: Callable[[float], float],
                         ranks: int) -> None:
-        """The scale of this minibatch's micro-batch terms (one collective on every rank, when the term is on)."""
+        """The scale of this minibatch's micro-batch terms (one collective on every rank, when the term is on).
+        ``sum_over_ranks`` is kept for the figures (every rank calls ``figures`` at the end of the update)."""
+        self._sum_over_ranks = sum_over_ranks
         if self.weight > 0:
             total = sum_over_ranks(float(batch["output_mask"][mb].sum()))
             self._scale = self.weight * ranks / total if total else 0.0
@@ -151,13 +159,14 @@ class OutputPrediction:
         return nll.sum() * self._scale
 
     def figures(self) -> dict[str, float]:
-        """This rank's update figures since the last call: the mean cross-entropy of the output tokens and the share
-        predicted greedily (over every forward of the update), when on."""
+        """The update's figures since the last call, over every rank's output tokens (three collectives, on every
+        rank: the update calls it on each): the mean cross-entropy of the output tokens and the share predicted
+        greedily (over every forward of the update), and how many tokens that was, when on."""
         if not self.on:
             return {}
-        n = max(self._n, 1.0)
-        out = {"loss/predict_output": self._nll / n, "predict_output/accuracy": self._hits / n,
-               "predict_output/tokens": self._n}
+        nll, hits, tokens = (self._sum_over_ranks(v) for v in (self._nll, self._hits, self._n))
+        n = max(tokens, 1.0)
+        out = {"loss/predict_output": nll / n, "predict_output/accuracy": hits / n, "predict_output/tokens": tokens}
         self._nll = self._hits = self._n = 0.0
         return out
 

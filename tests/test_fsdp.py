@@ -130,6 +130,26 @@ def test_fsdp2_update_with_a_sharded_reference_model_or_lora_equals_one_process(
         assert 0 < sum(trainable) < len(trainable), "only the adapters train"
 
 
+def test_fsdp2_update_with_predict_output_equals_one_process(format_model_dir, tmp_path):
+    """loss.predict_output 0.5 under FSDP2 (tests/ddp_update.py's strided split with extra "po": 6 output tokens on
+    rank 0's rows, 16 on rank 1's; each rank's micro-batches without advantage but with output tokens run their
+    backward): the sharded gradients, gathered, equal one process's over the whole batch (which runs the ranks'
+    micro-batches), and the figures are the whole batch's on both ranks."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    run([sys.executable, "-m", "tests.ddp_update", str(format_model_dir), str(one), "strided", "po"])
+    run(fsdp2_launch(tmp_path, "-m", "tests.ddp_update", str(format_model_dir), str(two), "strided", "po"))
+    a, r0, r1 = torch.load(one), torch.load(two), torch.load(f"{two}.rank1")
+    assert (r0["fsdp"], r0["sharded"], r1["sharded"]) == (True, True, True)
+    assert r0["counts"] == r1["counts"], "every rank ran the same forwards and backwards"
+    for sa, s0, s1 in zip(a["stats"], r0["stats"], r1["stats"], strict=True):
+        assert sa["predict_output/tokens"] == s0["predict_output/tokens"] == s1["predict_output/tokens"] == 22
+        for k in ("loss/predict_output", "predict_output/accuracy"):
+            assert s0[k] == s1[k] == pytest.approx(sa[k], rel=1e-5), k
+        assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(s0["grad_norm"], rel=1e-4)
+    for ga, gb in zip(a["grads"], r0["grads"], strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_replrl_train_under_fsdp2_checkpoints_resumes_like_an_uninterrupted_run_and_writes_one_model(
         format_model_dir, tmp_path, lora):

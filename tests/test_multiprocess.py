@@ -69,6 +69,42 @@ def test_ddp_update_over_two_processes_equals_one_process_over_the_whole_batch(f
         torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("split", ["strided", "uneven"])
+def test_ddp_update_with_predict_output_equals_one_process(format_model_dir, tmp_path, split):
+    """loss.predict_output 0.5 under DDP (tests/ddp_update.py's extra "po": 6 output tokens on rank 0's rows, 16 on
+    rank 1's under the strided split; micro-batches without advantage but with output tokens): the term is the mean
+    over every rank's output tokens (each rank scales its sum by ranks / all ranks' tokens, DDP averages), so the
+    gradients and weights after two AdamW steps equal one process's over the whole batch, and so do the figures, on
+    both ranks: sums over ranks divided, not the mean of the ranks' means (which would be (m0 + m1) / 2 here)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    for cmd, out in (([sys.executable, "-m", "tests.ddp_update"], one),
+                     (accelerate_launch("-m", "tests.ddp_update"), two)):
+        done = subprocess.run([*cmd, str(format_model_dir), str(out), split, "po"], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=500)
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, r0, r1 = torch.load(one), torch.load(two), torch.load(f"{two}.rank1")
+    assert (a["world"], r0["world"], r0["wrapper"]) == (1, 2, "DistributedDataParallel")
+    assert r0["counts"] == r1["counts"]
+    for sa, s0, s1 in zip(a["stats"], r0["stats"], r1["stats"], strict=True):
+        assert sa["predict_output/tokens"] == s0["predict_output/tokens"] == s1["predict_output/tokens"] == 22
+        assert sa["loss/predict_output"] > 0
+        for k in ("loss/predict_output", "predict_output/accuracy"):
+            assert s0[k] == s1[k] == pytest.approx(sa[k], rel=1e-5), k
+        assert sa["grad_norm"] > 0 and sa["grad_norm"] == pytest.approx(s0["grad_norm"], rel=2e-3)
+    for p0, p1 in zip(r0["params"], r1["params"], strict=True):
+        assert torch.equal(p0, p1), "the ranks' weights diverged"
+    if split == "strided":  # one process ran the ranks' micro-batches (tests/ddp_update.py): float tolerance
+        assert [s["grad_norm"] for s in a["stats"]] == pytest.approx([s["grad_norm"] for s in r0["stats"]], rel=1e-5)
+        for ga, gb in zip(a["grads"], r0["grads"], strict=True):
+            torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+        for pa, pb in zip(a["params"], r0["params"], strict=True):
+            torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
+    else:  # other micro-batches (rank 0's third holds one row): the term's float32 rounding differs by ~4e-4 of the
+        for ga, gb in zip(a["grads"], r0["grads"], strict=True):  # norm; a wrong weighting of the ranks by far more
+            assert float((gb - ga).norm()) <= 2e-3 * float(ga.norm()) + 1e-9
+
+
 @pytest.mark.parametrize("split", ["uneven", "minibatches"])
 def test_ranks_with_different_shares_of_the_batch_run_the_same_collectives(format_model_dir, tmp_path, split):
     """Ranks dealt different numbers of rows (trees, dynamic sampling) and zero-advantage micro-batches on one rank

@@ -2,8 +2,10 @@
 
 Worked numbers for the term and its gradient; the term through the chunked LM head of a tiny real model (plain and
 LoRA) against the full softmax; the trainer's update at weight 0 (bit-identical, figures or not) and at weight > 0
-(the gradient is GRPO's plus the weight times the mean cross-entropy's, over micro-batches); and the mask on a real
-episode from a real kernel: exactly what the REPL printed, never the prompts or the truncation marker.
+(the gradient is GRPO's plus the weight times the mean cross-entropy's, over micro-batches; under LoRA the adapters'
+only); a real step with the tree and the state estimator; and the mask on a real episode from a real kernel: exactly
+what the REPL printed, never the prompts or the truncation marker. Elsewhere: 2 ranks under DDP
+(tests/test_multiprocess.py) and FSDP2 (tests/test_fsdp.py), the vLLM backend (tests/test_backend_vllm.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from replrl.advantages import batch_tensors
 from replrl.loss import TokenScorer, token_logprobs_and_entropy
 from replrl.predict_output import output_mask, output_nll, output_spans
 from replrl.types import LineSample, SamplingParams
+from tests.toy import EchoTask
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -115,12 +118,12 @@ def test_the_scorers_term_is_the_full_softmax_cross_entropy_and_leaves_the_polic
 # the trainer's update
 
 
-def toy_config(model_dir: Path, **loss: object):
+def toy_config(model_dir: Path, model: dict | None = None, **loss: object):
     from replrl.config import Config
     from replrl.configlib import resolve
 
     return resolve(Config, None, {
-        "model": {"name": str(model_dir), "chat_template": False},
+        "model": {"name": str(model_dir), "chat_template": False, **(model or {})},
         "task": {"name": "tests.toy:EchoTask"},
         "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
                     "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
@@ -201,6 +204,38 @@ def test_the_update_adds_the_weighted_mean_cross_entropy_and_nothing_at_weight_0
     assert any(float(p.grad.abs().sum()) > 0 for p in initial.parameters())
 
 
+def test_under_lora_the_update_gives_the_adapters_the_terms_gradient(format_model_dir, probe, tmp_path):
+    """model.lora_rank 4 and loss.predict_output 0.5, no advantage anywhere (the term's gradient alone), on the
+    probe's batch with stand-in output spans: the update's figure is the mean cross-entropy over the output tokens
+    (4 micro-batches of 2, the LM head in chunks on those tokens only), and its gradient reaches the adapters only,
+    equal to 0.5 x the gradient of that mean computed by hand from the full logits of the same peft model."""
+    from replrl.trainer import Trainer
+
+    pytest.importorskip("peft")
+    t = Trainer(toy_config(format_model_dir, {"lora_rank": 4}, predict_output=0.5), tmp_path / "t", progress=False)
+    initial = copy.deepcopy(t.model)
+    b = batch_tensors(probe, t.pad_id)
+    B, T = b["input_ids"].shape
+    out = torch.zeros(B, T)
+    for i in range(B):
+        out[i, 2:4 + i] = 1.0                                                          # prompt tokens as output
+    b["output_mask"] = out
+    stats = t.update(dict(b), torch.zeros_like(b["loss_mask"]))
+    ids, att = b["input_ids"], b["attention_mask"]
+    logits = initial(input_ids=ids, attention_mask=att).logits.float()                # [B, T, V]
+    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]       # [B, T-1]
+    on = out[:, 1:] > 0
+    (0.5 * nll[on].mean()).backward()
+    assert stats["loss/predict_output"] == pytest.approx(float(nll[on].mean().detach()), rel=1e-5)
+    assert stats["predict_output/tokens"] == float(on.sum()) and stats["grad_norm"] > 0
+    got = {n: p.grad for n, p in t.model.named_parameters() if p.grad is not None}
+    want = {n: p.grad for n, p in initial.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys() and all("lora_" in n for n in got)
+    assert any(float(g.abs().sum()) > 0 for g in got.values())
+    for n in got:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-3, atol=2e-5, msg=n)
+
+
 def test_every_micro_batch_with_output_tokens_runs_its_backward(format_model_dir, probe, tmp_path):
     """With no advantage anywhere, GRPO skips every backward; with the term, the micro-batches holding output tokens
     run theirs (a zero-advantage group still learns the interpreter), the others are still skipped."""
@@ -212,6 +247,62 @@ def test_every_micro_batch_with_output_tokens_runs_its_backward(format_model_dir
     b["output_mask"][0, 3:5] = 1.0                                                    # micro-batch 0 only
     stats = t.update(b, torch.zeros_like(b["loss_mask"]))
     assert stats["backward_skipped_frac"] == 0.75 and stats["grad_norm"] > 0
+
+
+class PrintingEchoTask(EchoTask):
+    """EchoTask whose setup shadows the submit tool with a function that prints: the format model's ``submit(k)``
+    prints ``k * 111`` and the next prompt follows (output tokens on every line), until rollout.max_lines."""
+
+    def setup(self, row: dict) -> str:
+        return "def submit(k):\n    print(k * 111)\n"
+
+
+@pytest.mark.parametrize("estimator", ["tree", "state"])
+def test_a_step_with_the_tree_or_state_estimator_learns_the_output_by_hand(format_model_dir, tmp_path, estimator):
+    """A real training step (real kernels; the format model's lines print a number each: PrintingEchoTask) with
+    advantages.estimator = tree (2 roots, branching after line 1) or state, and loss.predict_output 0.5: the logged
+    term and accuracy are the mean cross-entropy and greedy hits of the initial model over the step's output mask
+    (``output_mask`` of its episodes, by hand from the full logits), the mask never touches a sampled token, and the
+    term moves the weights."""
+    from transformers import AutoModelForCausalLM
+
+    from replrl.config import Config
+    from replrl.configlib import resolve
+    from replrl.metrics import read_metrics
+    from replrl.trainer import Trainer
+
+    extra = {"tree": {"roots": 2, "branch_at": [1], "width": 2}} if estimator == "tree" else {}
+    cfg = resolve(Config, None, {
+        "model": {"name": str(format_model_dir), "chat_template": False},
+        "task": {"name": "tests.test_predict_output:PrintingEchoTask"},
+        "rollout": {"group_size": 4, "problems_per_step": 2, "max_lines": 3, "max_line_tokens": 12,
+                    "max_total_tokens": 256, "wall_s": 2.0, "temperature": 1.0},
+        "advantages": {"estimator": estimator}, **extra,
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 4, "grad_clip": 0.0},
+        "loss": {"predict_output": 0.5},
+        "run": {"max_steps": 1, "save_every": 0, "log_samples_every": 0, "eval_n": 0, "time_budget_min": 0},
+    })
+    trajs: list = []
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    trainer.train(on_step=lambda r: trajs.extend(r.trajectories))
+    (row,) = read_metrics(tmp_path / "run")
+    if estimator == "tree":
+        assert row["tree/branch_points"] > 0, "the trees branched: leaves share their first line"
+    b = batch_tensors(trajs, trainer.pad_id)
+    out = output_mask(trajs, trainer.tokenizer, b["input_ids"].shape[1])                # [B, T]
+    on = out[:, 1:] > 0
+    assert on.sum() > 0 and not (out * b["loss_mask"]).any()
+    initial = AutoModelForCausalLM.from_pretrained(format_model_dir).float()
+    with torch.no_grad():
+        logits = initial(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # [B, T, V]
+    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, b["input_ids"][:, 1:, None])[..., 0]         # [B, T-1]
+    assert row["predict_output/tokens"] == float(on.sum())
+    assert row["loss/predict_output"] == pytest.approx(float(nll[on].mean()), rel=1e-5)
+    hits = (logits[:, :-1].argmax(-1) == b["input_ids"][:, 1:])[on].float().mean()
+    assert row["predict_output/accuracy"] == pytest.approx(float(hits), abs=1e-6)
+    assert row["grad_norm"] > 0
+    moved = any(not torch.equal(a, c) for a, c in zip(initial.parameters(), trainer.model.parameters()))
+    assert moved
 
 
 # ---------------------------------------------------------------------------------------------------------------
