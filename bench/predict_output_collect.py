@@ -2,7 +2,7 @@
 docs/results/predict_output.md) from a sweep directory, as markdown.
 
 - Steps to the training-accuracy threshold, fixed before the runs: the first step s at which the mean training
-  accuracy (``accuracy``: the share of the step's episodes that were correct) over steps s-4..s is >= 0.5; a run
+  accuracy (``accuracy``: the share of the step's episodes that were correct) over steps s-4..s is >= 0.9; a run
   that never gets there is censored at its last step (shown ``>=``). Per variant: runs reached, mean; each variant
   against the control paired by seed (run.seed): the mean difference with its 95% t-interval over the seed pairs
   (censored runs counted at their budget, so a difference is a bound, said as such).
@@ -10,7 +10,7 @@ docs/results/predict_output.md) from a sweep directory, as markdown.
 - Output prediction: eval/predict_output/accuracy before training and at the last evaluation, per variant, and its
   paired difference to the control at the last evaluation (did learning the interpreter raise it?).
 
-    python bench/predict_output_collect.py runs/predict_output [--baseline outcome_only] [--threshold 0.5]
+    python bench/predict_output_collect.py runs/predict_output [--baseline outcome_only] [--threshold 0.9]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from replrl.compare import RunData, discover, mean_ci
 
 WINDOW = 5
-THRESHOLD = 0.5
+THRESHOLD = 0.9
 
 
 def steps_to_threshold(rows: Sequence[dict[str, Any]], threshold: float = THRESHOLD,
