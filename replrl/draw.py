@@ -20,7 +20,7 @@ from sandbox import run_sync
 
 from .configlib import ConfigError
 from .dynamic_sampling import WaveRecord, group_has_contrast, screening_wave, select_groups, wave_metrics
-from .rollout import Env, RolloutStats, TreeShape, merge_tree_figures, merge_wave_stats, rollout_env, split_by_group
+from .rollout import Env, RolloutStats, TreeShape, merge_tree_figures, merge_wave_stats, rollout, split_by_group
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def draw_step(env: Env, problems: ProblemStream, cfg: Any, tree: TreeShape, samp
 
 def _rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, group_size: int,
              tree: TreeShape | None = None) -> tuple[list[Trajectory], RolloutStats]:
-    return run_sync(rollout_env(env, rows, sampling, group_size=group_size, tree=tree))
+    return run_sync(rollout(env, rows, sampling, group_size=group_size, tree=tree))
 
 
 def _waves(env: Env, problems: ProblemStream, cfg: Any, tree: TreeShape, sampling: Callable[[int], SamplingParams],
