@@ -575,18 +575,24 @@ class Trainer:
         else:
             log.warning("%s: finishing this step, saving a checkpoint, then exiting (again to abort)", what)
 
+    def env(self, pool: KernelPool, task: Any = None, rules: EpisodeRules | None = None) -> Env:
+        """What this step's episodes run with: the policy's generator, ``pool``, ``task`` and its ``rules`` (the
+        training task's by default), the reward weights scheduled for this step, ``[model]``'s chat template."""
+        model = self.cfg.model
+        return Env(self.generator, pool, task or self.task, rules or self.rules, self.rewards.at(self.step),
+                   chat_template=model.chat_template, chat_template_kwargs=model.chat_template_kwargs)
+
     def _local_problems(self) -> int:
         """Problems this rank samples a step (the kernel pool holds ``group_size`` kernels for each)."""
         return -(-self.cfg.rollout.problems_per_step // self.world)
 
     def train_step(self, pool: KernelPool) -> StepResult:
         cfg, t_step = self.cfg, time.perf_counter()
-        rewards = self.rewards.at(self.step)  # scheduled weights: those of this step
+        env = self.env(pool)
+        rewards = env.rewards  # scheduled weights: those of this step
         self.model.eval()  # the policy samples in eval mode, without gradients
         boots = pool.boots_while_busy
         # 1-2. problems and group rollouts (flat, trees, or dynamic sampling's waves): draw.py
-        env = Env(self.generator, pool, self.task, self.rules, rewards, chat_template=cfg.model.chat_template,
-                  chat_template_kwargs=cfg.model.chat_template_kwargs)
         drawn = draw_step(env, self.problems, cfg.rollout, self.tree, self.wave_sampling, self.ranks, self.step,
                           stop=lambda: self._stop)
         trajs, groups, stats, wave_stats = drawn.mine, drawn.groups, drawn.stats, drawn.figures
@@ -795,9 +801,9 @@ class Trainer:
         held = next(h for h in self.held_out if h.label == which)
         n = n or held.n
         k = held.cfg.run.eval_samples
+        env = self.env(pool, held.task, EpisodeRules.from_config(held.cfg.rollout))
         with tqdm(total=n * k, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
-            return evaluate(self.generator, pool, held.task, held.cfg, n, k, progress=bar,
-                            rewards=self.rewards.at(self.step), episodes=episodes, waves=waves, stop=stop)
+            return evaluate(env, held.cfg, n, k, progress=bar, episodes=episodes, waves=waves, stop=stop)
 
     def evaluate_all(self, pool: KernelPool, when: str = "") -> None:
         """Every held-out task (eval, then transfer and each run.extra_eval if set): figures logged as eval/<m>,
