@@ -32,7 +32,9 @@ class EpisodeRules:
     ``env.rules`` only (``SamplingParams`` holds how a line is sampled, and its line cut ``max_line_tokens``)."""
 
     max_output_tokens: int
+    """Interpreter output past this many tokens is cut, with a visible marker."""
     max_repeats: int
+    """The same line this many times in a row ends the episode: end reason ``repeat``."""
     state_digest: bool
     """Record the interpreter state each line starts from (``Line.state``, ``Line.state_values``)."""
     speculate: bool = False
