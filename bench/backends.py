@@ -256,7 +256,7 @@ def main() -> None:
     model, tokenizer = load_model_and_tokenizer(spec, dtype=getattr(torch, args.dtype))
     model.eval()
     rows = load_task("gsm8k", data=args.data).rows("test")
-    sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
+    sampling = SamplingParams(max_line_tokens=args.line_tokens, seed=0)
     t0 = time.perf_counter()
     gens = {"vllm": open_generator(ModelConfig(backend="vllm", vllm=engine_args), model, tokenizer, step_stats=True)}
     if not args.no_hf:

@@ -35,7 +35,7 @@ from replrl.cli import run_script
 from replrl.evaluation import split_rows, task_from_config
 from replrl.policy import load_policy
 from replrl.rewards import SYNTAX_ERRORS, RewardModel
-from replrl.rollout import EpisodeRules, rollout, summarize
+from replrl.rollout import Env, EpisodeRules, rollout, summarize
 from replrl.types import Trajectory
 from replrl.viewer import load_jsonl, save_jsonl
 from sandbox import KernelPool, run_sync
@@ -119,13 +119,13 @@ def sample_waves(cfg: Any, task: Any, todo: list[tuple[int, dict]], done: list[T
     policy, tokenizer = load_policy(cfg.model, seed=seed)
     generator = open_generator(cfg.model, policy, tokenizer)
     print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-    rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
     pool = run_sync(KernelPool(size=wave, limits=cfg.rollout.limits(), tools=task.tools).start())
+    env = Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout), RewardModel.from_config(cfg.rewards),
+              chat_template=cfg.model.chat_template, chat_template_kwargs=cfg.model.chat_template_kwargs)
     try:
         for start in range(0, len(todo), wave):
             sampling = cfg.rollout.sampling(seed=seed + 7 + len(done))
-            part, stats = run_sync(rollout(generator, pool, task, todo[start:start + wave], rewards, sampling,
-                                           rules, chat_template=cfg.model.chat_template))
+            part, stats = run_sync(rollout(env, todo[start:start + wave], sampling))
             done += part
             save_jsonl(done, episodes.with_suffix(".partial"))
             os.replace(episodes.with_suffix(".partial"), episodes)

@@ -112,7 +112,7 @@ def main() -> None:
     model.eval()
     prompt = encode(tokenizer, build_prompt(tokenizer, HEADER))
     prompts = [prompt] * args.batch
-    sampling = SamplingParams(max_line_tokens=args.line_tokens, max_lines=10**6, max_total_tokens=10**6, seed=0)
+    sampling = SamplingParams(max_line_tokens=args.line_tokens, seed=0)
     gen = HFGenerator(model, tokenizer, num_threads=args.threads)
     run = asyncio.run(repl_rollouts(gen, prompts, args.tokens, sampling))
     wall, stats, per_line = run["wall"], run["stats"], run["per_line"]

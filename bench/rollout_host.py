@@ -31,7 +31,7 @@ from replrl.evaluation import split_rows, task_from_config
 from replrl.models import load_tokenizer
 from replrl.repl import ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, encode, line_text, rollout
+from replrl.rollout import Env, EpisodeRules, encode, line_text, rollout
 from replrl.types import LineSample, SamplingParams
 from sandbox import KernelPool
 
@@ -112,8 +112,8 @@ async def measure(batch: int, repeats: int) -> dict[str, float]:
                 if name == "kernels":
                     await kernels_alone(pool, batch)
                 else:
-                    trajs, _ = await rollout(generator, pool, task, rows, rewards, sampling, rules,
-                                             chat_template=False)
+                    env = Env(generator, pool, task, rules, rewards, chat_template=False)
+                    trajs, _ = await rollout(env, rows, sampling)
                     lines = {len(t.lines) for t in trajs}
                     assert lines == {len(SCRIPT)}, f"every episode types the whole script, got {lines} lines"
                 times[name].append((time.perf_counter() - wall, time.process_time() - cpu))

@@ -41,7 +41,7 @@ from replrl.config import ModelConfig, RewardConfig, RolloutConfig
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import PS1, PS2, ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, rollout, summarize
+from replrl.rollout import Env, EpisodeRules, rollout, summarize
 from replrl.tasks import load_task
 from sandbox import KernelPool, Limits, run_sync
 
@@ -67,14 +67,15 @@ def run_pair(gen: Any, pool: KernelPool, task: Any, rows: list, sampling: Any, r
     rewards = RewardModel(RewardConfig().weights)
     totals = {s: {"wall_s": 0.0, "model_tokens": 0.0, "lines": 0.0, "speculated": 0.0, "hits": 0.0}
               for s in ("off", "on")}
-    run_sync(rollout(gen, pool, task, rows[: max(2, len(rows) // 4)], rewards, sampling, rules))  # warm-up, untimed
+    env = Env(gen, pool, task, rules, rewards)
+    run_sync(rollout(env, rows[: max(2, len(rows) // 4)], sampling))  # warm-up, untimed
     order = [("off", "on"), ("on", "off")]
     for r in range(repeats):
         for setting in order[r % 2]:
             run_sync(pool.wait_full(600))  # every run starts from a full pool (no kernel boots beside it)
             t0 = time.perf_counter()
-            trajs, stats = run_sync(rollout(gen, pool, task, rows, rewards, sampling,
-                                            dataclasses.replace(rules, speculate=setting == "on")))
+            on = dataclasses.replace(env, rules=dataclasses.replace(rules, speculate=setting == "on"))
+            trajs, stats = run_sync(rollout(on, rows, sampling))
             wall = time.perf_counter() - t0
             s = summarize(trajs, stats)
             t = totals[setting]

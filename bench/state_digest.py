@@ -34,7 +34,7 @@ from replrl.cli import run_script
 from replrl.evaluation import split_rows, task_from_config
 from replrl.policy import load_policy
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, rollout, state_stats
+from replrl.rollout import Env, EpisodeRules, rollout, state_stats
 from replrl.types import Trajectory
 from replrl.viewer import save_jsonl
 from sandbox import Kernel, KernelPool, Limits, run_sync
@@ -129,9 +129,9 @@ def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: 
     size = min(groups * group_size, 16)
     pool = run_sync(KernelPool(size=size, limits=cfg.rollout.limits(), tools=task.tools).start())
     try:
-        trajs, stats = run_sync(rollout(generator, pool, task, rows, RewardModel.from_config(cfg.rewards),
-                                        cfg.rollout.sampling(seed=seed), rules, group_size=group_size,
-                                        chat_template=cfg.model.chat_template))
+        env = Env(generator, pool, task, rules, RewardModel.from_config(cfg.rewards),
+                  chat_template=cfg.model.chat_template, chat_template_kwargs=cfg.model.chat_template_kwargs)
+        trajs, stats = run_sync(rollout(env, rows, cfg.rollout.sampling(seed=seed), group_size=group_size))
     finally:
         run_sync(pool.close())
         if hasattr(generator, "close"):

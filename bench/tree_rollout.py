@@ -42,7 +42,7 @@ from replrl.evaluation import task_from_config
 from replrl.policy import load_policy
 from replrl.repl import ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, TreeShape, rollout
+from replrl.rollout import Env, EpisodeRules, TreeShape, rollout
 from sandbox import KernelPool, run_sync
 
 
@@ -126,6 +126,7 @@ def main() -> None:
     cfg.model.vllm.update(vllm_opts(cfg.model.backend))
     gen = open_generator(cfg.model, model, tokenizer)
     rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
+    chat = {"chat_template": cfg.model.chat_template, "chat_template_kwargs": cfg.model.chat_template_kwargs}
     totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0, "lookups": 0, "hits": 0,
                   "forked": 0.0, "fork_s": 0.0}
               for k in ("flat", "tree")}
@@ -136,8 +137,8 @@ def main() -> None:
         async with KernelPool(size=shape.leaves, limits=cfg.rollout.limits(), tools=task.tools) as pool:
             for _ in range(args.warmup):  # not counted: the first forwards and kernels of the process are slower
                 await pool.wait_full()
-                await rollout(gen, pool, task, rows[:1], rewards, cfg.rollout.sampling(seed=999_999), rules,
-                              group_size=shape.leaves, chat_template=cfg.model.chat_template)
+                await rollout(Env(gen, pool, task, rules, rewards, **chat), rows[:1],
+                              cfg.rollout.sampling(seed=999_999), group_size=shape.leaves)
             for rep in range(args.repeats):
                 for p, row in enumerate(rows):
                     sampling = cfg.rollout.sampling(seed=1000 * rep + p)
@@ -146,9 +147,8 @@ def main() -> None:
                         await pool.wait_full()  # both start from a full warm pool
                         cache_before = prefix_cache_counters(args.backend)
                         t0 = time.perf_counter()
-                        trajs, stats = await rollout(gen, pool, task, [row], rewards, sampling, rules,
-                                                     group_size=shape.leaves, chat_template=cfg.model.chat_template,
-                                                     tree=shape if kind == "tree" else None)
+                        trajs, stats = await rollout(Env(gen, pool, task, rules, rewards, **chat), [row], sampling,
+                                                     group_size=shape.leaves, tree=shape if kind == "tree" else None)
                         tot = totals[kind]
                         tot["wall"] += time.perf_counter() - t0
                         tot["generated"] += stats.model_tokens  # a tree counts its shared prefixes once

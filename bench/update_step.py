@@ -10,6 +10,7 @@ interpreter tokens (and the padding) is what training sees. Prints a table, then
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -25,7 +26,7 @@ from replrl.contract import newline_banned_mask
 from replrl.loss import grpo_loss, token_logprobs_and_entropy
 from replrl.models import load_model_and_tokenizer
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, rollout
+from replrl.rollout import Env, EpisodeRules, rollout
 from replrl.tasks import load_task
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits, run_sync
@@ -61,13 +62,14 @@ def main() -> None:
     Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     model, tokenizer = load_model_and_tokenizer(args.model)
     task = load_task("arithmetic", level=2)
-    sampling = SamplingParams(max_line_tokens=40, max_lines=6, max_total_tokens=512, seed=0)
+    sampling = SamplingParams(max_line_tokens=40, seed=0)
     pool = run_sync(KernelPool(size=args.episodes, tools=task.tools).start())
     try:
         rows = [(i, task.rows("test")[i]) for i in range(args.episodes // 4)]
-        rules = EpisodeRules.from_config(Config().rollout)
-        trajs, _ = run_sync(rollout(open_generator(ModelConfig(backend="hf"), model, tokenizer), pool, task, rows,
-                                    RewardModel(Config().rewards.weights), sampling, rules, group_size=4))
+        rules = dataclasses.replace(EpisodeRules.from_config(Config().rollout), max_lines=6, max_total_tokens=512)
+        env = Env(open_generator(ModelConfig(backend="hf"), model, tokenizer), pool, task, rules,
+                  RewardModel(Config().rewards.weights))
+        trajs, _ = run_sync(rollout(env, rows, sampling, group_size=4))
     finally:
         run_sync(pool.close())
     batch = batch_tensors(trajs, tokenizer.pad_token_id)

@@ -111,7 +111,7 @@ def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None, samp
         k = samples_per_problem or cfg.run.eval_samples
         step = model.step if isinstance(model, Trainer) else checkpoint_step(cfg.model.name)
         with open_env(cfg, pool_size=min(16, n * k), generator=generator, task=task, step=step) as env:
-            return evaluate_on(env.generator, env.pool, env.task, cfg, n, k, progress=progress, rewards=env.rewards)
+            return evaluate_on(env, cfg, n, k, progress=progress)
 
 
 def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
@@ -142,7 +142,8 @@ def rollout_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = Non
         chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
         wave = max(1, min(16, n_problems * group_size) // group_size)  # problems per wave: at most 16 kernels
         with open_env(cfg, pool_size=wave * group_size, generator=generator, task=task) as env:
-            return run_sync(rollout_in_waves(env, chosen, cfg.rollout.sampling(), group_size, progress=progress))
+            return run_sync(rollout_in_waves(env, chosen, cfg.rollout.sampling(), group_size=group_size,
+                                             progress=progress))
 
 
 def checkpoint_step(model_path: str) -> int:

@@ -265,11 +265,11 @@ class RolloutConfig:
         check_choice("rollout.dynamic_sampling_signal", self.dynamic_sampling_signal, tuple(CONTRAST_SIGNALS))
 
     def sampling(self, seed: int | None = None):
+        """How a line's tokens are drawn (an episode's limits: ``rollout.EpisodeRules.from_config(this)``)."""
         from .types import SamplingParams
 
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_line_tokens=self.max_line_tokens, max_lines=self.max_lines,
-                              max_total_tokens=self.max_total_tokens, seed=self.seed if seed is None else seed)
+                              max_line_tokens=self.max_line_tokens, seed=self.seed if seed is None else seed)
 
     def limits(self):
         from sandbox import Limits

@@ -2,9 +2,9 @@
 (flat or trees), dynamic sampling's waves and its probes' completion, and the figures merged over the ranks.
 
 Every rank draws the same problems and keeps its share: a GRPO group never spans ranks, and every rank sees every
-group (gathered), so all ranks decide alike. ``Ranks`` holds the process's place (world size 1 needs no branch);
-``draw_step`` returns a ``Drawn``: this rank's episodes to train on, every group drawn (for the step's figures), this
-rank's rollout statistics and the ``dynsamp/`` figures.
+group (gathered), so all ranks decide alike. ``Ranks`` (ranks.py) holds the process's place and its collectives
+(world size 1 needs no branch); ``draw_step`` returns a ``Drawn``: this rank's episodes to train on, every group
+drawn (for the step's figures), this rank's rollout statistics and the ``dynsamp/`` figures.
 """
 
 from __future__ import annotations
@@ -20,51 +20,11 @@ from sandbox import run_sync
 
 from .configlib import ConfigError
 from .dynamic_sampling import WaveRecord, group_has_contrast, screening_wave, select_groups, wave_metrics
-from .rollout import Env, RolloutStats, TreeShape, merge_tree_figures, merge_wave_stats, rollout_env, split_by_group
+from .ranks import Ranks  # noqa: F401  (draw.Ranks: its old home)
+from .rollout import Env, RolloutStats, TreeShape, merge_tree_figures, merge_wave_stats, rollout, split_by_group
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place among the processes of a run (``accelerate launch``), and the collectives a step's draw
-    needs; with one process every one of them is the identity."""
-
-    rank: int = 0
-    world: int = 1
-    device: Any = None
-    """Where ``any``'s reduction runs (the accelerator's device)."""
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def share(self, items: Sequence[Any]) -> list[Any]:
-        """This rank's share of ``items`` (every rank holds the same list): items rank, rank + world, ..."""
-        return list(items[self.rank::self.world])
-
-    def owns(self, j: int) -> bool:
-        """Whether the ``j``-th item dealt round-robin is this rank's."""
-        return j % self.world == self.rank
-
-    def gather(self, items: list[Any]) -> list[Any]:
-        """Every rank's ``items``, concatenated in rank order (the list itself with one process)."""
-        if self.world == 1:
-            return items
-        from accelerate.utils import gather_object
-
-        return gather_object(items)
-
-    def any(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any process (so all stop together)."""
-        if self.world == 1:
-            return flag
-        import torch
-
-        t = torch.tensor([int(flag)], device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return bool(t.item())
 
 
 class ProblemStream:
@@ -121,7 +81,7 @@ def draw_step(env: Env, problems: ProblemStream, cfg: Any, tree: TreeShape, samp
 
 def _rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, group_size: int,
              tree: TreeShape | None = None) -> tuple[list[Trajectory], RolloutStats]:
-    return run_sync(rollout_env(env, rows, sampling, group_size=group_size, tree=tree))
+    return run_sync(rollout(env, rows, sampling, group_size=group_size, tree=tree))
 
 
 def _waves(env: Env, problems: ProblemStream, cfg: Any, tree: TreeShape, sampling: Callable[[int], SamplingParams],

@@ -1,5 +1,6 @@
-"""Held-out evaluation: the first n problems of a split, one episode each (or k), with the training code's sampling
-at the evaluation's temperature (``run.eval_temperature``: the training one by default, 0 greedy).
+"""Held-out evaluation: the first n problems of a split, one episode each (or k), in an ``Env`` (the one door every
+rollout goes through: the Trainer's evaluation and ``replrl.evaluate``/``replrl eval`` alike), with the training
+code's sampling at the evaluation's temperature (``run.eval_temperature``: the training one by default, 0 greedy).
 
 ``evaluate`` returns the figures of ``rollout.summarize`` (accuracy, per-line error rates, lines per episode, how
 often a multi-line block was used ...), plus ``accuracy_level<k>`` where the problems have a level (the ``programs``
@@ -16,12 +17,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sandbox import KernelPool, run_sync
+from sandbox import run_sync
 
-from .backends import Generator
 from .config import Config, ExtraEval, TaskConfig
-from .rewards import RewardModel
-from .rollout import EpisodeRules, rollout, summarize
+from .rollout import Env, rollout, summarize
 from .tasks import load_task
 from .types import Trajectory
 
@@ -81,12 +80,13 @@ class EvaluationStopped(Exception):
         self.done, self.total = done, total
 
 
-def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: int,
-             samples_per_problem: int = 1, progress: Any = None,
-             rewards: RewardModel | None = None, episodes: list[Trajectory] | None = None,
-             waves: EvalWaves | None = None, stop: Callable[[], bool] | None = None) -> dict[str, float]:
-    """Roll out the first ``n`` problems of the eval split and summarise (accuracy, per-line error rates, ...).
-    ``rewards``: the reward model to score with (the trainer's at its current step); default cfg's at step 0.
+def evaluate(env: Env, cfg: Config, n: int, samples_per_problem: int = 1, progress: Any = None,
+             episodes: list[Trajectory] | None = None, waves: EvalWaves | None = None,
+             stop: Callable[[], bool] | None = None) -> dict[str, float]:
+    """Roll out the first ``n`` problems of ``env.task``'s eval split in ``env`` and summarise (accuracy, per-line
+    error rates, ...). ``env``: what the episodes run with (``open_env``; ``Trainer.env``: its generator and pool, the
+    held-out task, its rules, the reward weights of the current step); ``cfg``: the held-out task's config (its
+    split, limit, the evaluation's sampling: ``cfg.rollout``'s at ``run.eval_temperature``).
     ``episodes``: a list the episodes are appended to (the trainer saves them as transcripts).
     ``waves``: where each wave (one rollout of as many episodes as the pool has kernels) is recorded as it ends, and
     where the waves an interrupted evaluation finished are taken from instead of being sampled again; ``wall_s``
@@ -94,14 +94,12 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
     ``stop``: asked before each wave is sampled (with ``waves`` only, which keep what is done); when it returns
     True, ``EvaluationStopped`` is raised instead of sampling the rest."""
     t0 = time.perf_counter()
-    rewards = rewards or RewardModel.from_config(cfg.rewards)
-    rows = split_rows(task, cfg.task.eval_split, cfg.task.limit)
+    rows = split_rows(env.task, cfg.task.eval_split, cfg.task.limit)
     chosen = [(i, rows[i]) for i in range(min(n, len(rows)))]
     sampling = dataclasses.replace(cfg.rollout.sampling(seed=cfg.run.seed + 7),
                                    temperature=cfg.run.eval_sampling_temperature(cfg.rollout.temperature))
-    rules = EpisodeRules.from_config(cfg.rollout)
     trajs: list[Trajectory] = []
-    chunk = max(1, pool.size // samples_per_problem)
+    chunk = max(1, env.pool.size // samples_per_problem)
     reused, total = 0, -(-len(chosen) // chunk)
     for start in range(0, len(chosen), chunk):
         wave = chosen[start:start + chunk]
@@ -114,9 +112,7 @@ def evaluate(generator: Generator, pool: KernelPool, task: Any, cfg: Config, n: 
         else:
             if waves is not None and stop is not None and stop():
                 raise EvaluationStopped(start // chunk, total)
-            part, _ = run_sync(rollout(generator, pool, task, wave, rewards, sampling, rules,
-                                       group_size=samples_per_problem, chat_template=cfg.model.chat_template,
-                                       progress=progress, chat_template_kwargs=cfg.model.chat_template_kwargs))
+            part, _ = run_sync(rollout(env, wave, sampling, group_size=samples_per_problem, progress=progress))
             if waves is not None:
                 waves.add(key, part)
         trajs += part

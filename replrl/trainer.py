@@ -4,13 +4,14 @@
     2. group rollouts           (group_size episodes per problem, all at once: draw.py -> rollout/groups.py)
        (tree.branch_at: each group is a tree whose leaves are its episodes: rollout/tree.py)
        (rollout.dynamic_sampling: 1-2 in waves until enough groups have a contrast: draw.py, dynamic_sampling.py)
-    3. rewards                  (per line, attached during the rollout: rewards.py; totals per episode here)
-    4. advantages               (outcome or per-line estimator: advantages.py)
-    5. loss and optimizer steps (clipped surrogate: loss.py; epochs x minibatches x micro-batches)
+    3. rewards                  (per line, attached during the rollout: rewards.py; the figures: _rollout_figures)
+    4. advantages               (outcome or per-line estimator: advantages.py; _advantages)
+    5. loss and optimizer steps (clipped surrogate: loss.py; epochs x minibatches x micro-batches: update,
+                                 _update_on_every_rank), then the new weights to the sampler (_publish_weights)
     6. log / evaluate / checkpoint
 
 Written against ``accelerate.Accelerator`` (device placement, gradient accumulation, mixed precision on GPU), so
-``accelerate launch`` scales it unchanged.
+``accelerate launch`` scales it unchanged; the collectives between ranks are ``ranks.Ranks``'s (``self.ranks``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from accelerate.utils import gather_object
 
 from sandbox import KernelPool, run_sync
 from sandbox.limits import hides_host_files
@@ -47,7 +47,7 @@ from .backends import close_generator, open_generator, sleep_generator, wake_gen
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
 from .contract import TokenMasks, token_masks
-from .draw import ProblemStream, Ranks, draw_step
+from .draw import Drawn, ProblemStream, draw_step
 from .dynamic_sampling import WAVE_SEED_STRIDE, group_has_contrast
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
 from .loss import TokenScorer, agg_units, grpo_loss, masked_mean
@@ -66,6 +66,7 @@ from .policy import (
 )
 from .predict_output import OutputPrediction, score_episodes
 from .provenance import record_environment
+from .ranks import Ranks
 from .rewards import RewardModel
 from .rollout import Env, EpisodeRules, TreeShape, summarize
 from .types import SamplingParams, Trajectory
@@ -387,8 +388,8 @@ class Trainer:
                 if on_step is not None:
                     on_step(result)
                 # every rank stops after the same step, and for the same reason (Ctrl-C skips the last evaluation)
-                self._stop = self._any_rank(self._stop)
-                out_of_time = self._any_rank(time.monotonic() > deadline)
+                self._stop = self.ranks.any(self._stop)
+                out_of_time = self.ranks.any(time.monotonic() > deadline)
                 if self._stop or out_of_time:
                     if out_of_time:
                         console.info("run.time_budget_min (%g min) spent after step %d of %d", cfg.run.time_budget_min,
@@ -416,46 +417,6 @@ class Trainer:
         """Whether run.eval_every puts a held-out evaluation after ``step``."""
         return bool(self.cfg.run.eval_every) and step % self.cfg.run.eval_every == 0
 
-    def _any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any process (so all stop together)."""
-        if self.world == 1:
-            return flag
-        t = torch.tensor([int(flag)], device=self.accelerator.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return bool(t.item())
-
-    def _sum_over_ranks(self, value: float) -> float:
-        if self.world == 1:
-            return value
-        t = torch.tensor([float(value)], dtype=torch.float64, device=self.accelerator.device)
-        torch.distributed.all_reduce(t)
-        return float(t.item())
-
-    def _max_over_ranks(self, values: list[int]) -> list[int]:
-        """The largest of each of ``values`` over the processes."""
-        if self.world == 1:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.long, device=self.accelerator.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return [int(v) for v in t.tolist()]
-
-    def _all_ranks(self, flags: list[bool]) -> list[bool]:
-        """Whether each of ``flags`` holds on every process."""
-        if self.world == 1:
-            return list(flags)
-        t = torch.tensor([int(f) for f in flags], dtype=torch.long, device=self.accelerator.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-        return [bool(v) for v in t.tolist()]
-
-    def _sum_and_max_over_ranks(self, value: float, count: int) -> tuple[float, int]:
-        """(the sum of ``value``, the largest ``count``) over the processes, in one collective."""
-        if self.world == 1:
-            return value, count
-        mine = torch.tensor([float(value), float(count)], dtype=torch.float64, device=self.accelerator.device)
-        every = [torch.zeros_like(mine) for _ in range(self.world)]
-        torch.distributed.all_gather(every, mine)
-        return float(sum(float(t[0]) for t in every)), int(max(float(t[1]) for t in every))
-
     def _weights_checksum(self) -> float:
         """The sum of every weight of the policy: each rank's own copy under DDP (the ranks' must agree); under FSDP2
         the sum over ranks of each rank's shards (one figure, the same on every rank), or of the gathered weights."""
@@ -464,7 +425,7 @@ class Trainer:
         params = list(self.model.parameters())
         local = sum(float((p.to_local() if isinstance(p, DTensor) else p).detach().double().sum()) for p in params)
         if self.world > 1 and any(isinstance(p, DTensor) for p in params):
-            return self._sum_over_ranks(local)
+            return self.ranks.sum(local)
         return local
 
     def _fsdp_units(self) -> list[Any]:
@@ -575,75 +536,107 @@ class Trainer:
         else:
             log.warning("%s: finishing this step, saving a checkpoint, then exiting (again to abort)", what)
 
+    def env(self, pool: KernelPool, task: Any = None, rules: EpisodeRules | None = None) -> Env:
+        """What this step's episodes run with: the policy's generator, ``pool``, ``task`` and its ``rules`` (the
+        training task's by default), the reward weights scheduled for this step, ``[model]``'s chat template."""
+        model = self.cfg.model
+        return Env(self.generator, pool, task or self.task, rules or self.rules, self.rewards.at(self.step),
+                   chat_template=model.chat_template, chat_template_kwargs=model.chat_template_kwargs)
+
     def _local_problems(self) -> int:
         """Problems this rank samples a step (the kernel pool holds ``group_size`` kernels for each)."""
         return -(-self.cfg.rollout.problems_per_step // self.world)
 
     def train_step(self, pool: KernelPool) -> StepResult:
+        """One training step, its six stages; the step's figures are written, and returned with this rank's
+        episodes."""
         cfg, t_step = self.cfg, time.perf_counter()
-        rewards = self.rewards.at(self.step)  # scheduled weights: those of this step
+        env = self.env(pool)  # the reward weights scheduled for this step
         self.model.eval()  # the policy samples in eval mode, without gradients
         boots = pool.boots_while_busy
         # 1-2. problems and group rollouts (flat, trees, or dynamic sampling's waves): draw.py
-        env = Env(self.generator, pool, self.task, self.rules, rewards, chat_template=cfg.model.chat_template,
-                  chat_template_kwargs=cfg.model.chat_template_kwargs)
         drawn = draw_step(env, self.problems, cfg.rollout, self.tree, self.wave_sampling, self.ranks, self.step,
                           stop=lambda: self._stop)
-        trajs, groups, stats, wave_stats = drawn.mine, drawn.groups, drawn.stats, drawn.figures
-        every_rank = [t for g in groups for t in g]  # every group of every rank, in the order drawn
         t_rollout = time.perf_counter() - t_step
-        boots = pool.boots_while_busy - boots  # kernels that booted beside the rollout (idle refill: only when short)
-        # 3. rewards: attached per line during the rollout; summarize() reports each term, over all ranks' episodes
-        # (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's on the stream)
-        metrics = summarize(every_rank, stats)
-        metrics["groups_with_contrast"] = sum(group_has_contrast(g, cfg.rollout.dynamic_sampling_signal)
-                                              for g in groups)
-        metrics.update(wave_stats)
-        metrics["pool/boots_in_rollout"] = boots
-        metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
+        # 3. rewards: attached per line during the rollout; the step's figures report each term, over all ranks'
+        # episodes (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's)
+        metrics = self._rollout_figures(drawn, env.rewards, boots=pool.boots_while_busy - boots)
         # 4. advantages (the estimator takes the options of cfg.advantages it declares)
-        batch = batch_tensors(trajs, self.pad_id)
-        self.predict_output.add_mask(batch, trajs)  # batch["output_mask"] (loss.predict_output)
-        adv = compute_advantages(cfg.advantages.estimator, batch, **vars(cfg.advantages))       # [B, T]
-        negative, n_correct = correct_negative(adv, batch["loss_mask"], batch["correct"])
-        n_correct = self._sum_over_ranks(n_correct)
-        if n_correct:  # the share of correct episodes pushed down on some token (e.g. by summed line penalties)
-            metrics["adv/correct_negative_frac"] = self._sum_over_ranks(negative) / n_correct
-        metrics.update(line_advantage_stats(adv, batch))  # how much lines of an episode differ (this rank's)
+        batch, adv = self._advantages(drawn.mine, metrics)
         # 5. loss and optimizer step(s)
         t_update = time.perf_counter()
         if cfg.model.vllm_sleep:  # the engine's KV cache and weights freed for the update's memory
             sleep_generator(self.generator)
-        update_stats = self.update(batch, adv)
-        if self.world > 1:  # the mean over ranks of each rank's update statistics
-            update_stats["weights_checksum"] = self._weights_checksum()
-            per_rank = gather_object([update_stats])
-            sums = [r.pop("weights_checksum") for r in per_rank]
-            update_stats = {k: sum(r[k] for r in per_rank) / len(per_rank) for k in per_rank[0]}
-            update_stats["rank_weight_drift"] = max(sums) - min(sums)  # 0: every rank holds the same weights
-        metrics.update(update_stats)
+        metrics.update(self._update_on_every_rank(batch, adv))
         # 5b. publish the new weights to the sampler (vLLM: copied in memory, prefix cache dropped; HF: nothing)
-        t_sync = time.perf_counter()
-        if cfg.model.vllm_sleep:
-            wake_generator(self.generator)
-        self.generator.sync_weights(self.model)
-        metrics["time/sync_weights_s"] = time.perf_counter() - t_sync
-        if transport := getattr(self.generator, "last_sync_transport", ""):
-            metrics[f"sync/{transport}"] = 1.0  # which way the weights went (vLLM's auto: cuda_ipc or shm)
-        device = self.accelerator.device
-        if device.type == "cuda":  # the trainer's own peak (a vLLM engine's memory is its process's, not in this)
-            metrics["mem/trainer_gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            metrics["mem/trainer_gpu_reserved_gib"] = torch.cuda.memory_reserved(device) / 2**30
+        metrics.update(self._publish_weights())
         self.scheduler.step()
         self.step += 1
         # 6. log (evaluation and checkpoints are decided in train())
-        update_s = time.perf_counter() - t_update
-        metrics.update({"rollout_s": t_rollout, "update_s": update_s, "step_s": time.perf_counter() - t_step,
-                        "lr": self.scheduler.get_last_lr()[0], "data_position": self.problems.position})
+        metrics.update({"rollout_s": t_rollout, "update_s": time.perf_counter() - t_update,
+                        "step_s": time.perf_counter() - t_step, "lr": self.scheduler.get_last_lr()[0],
+                        "data_position": self.problems.position})
         self.metrics.write(self.step, metrics)
         if self.main and cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
-            self.metrics.samples(self.step, [g[0] for g in groups[:2]])
-        return StepResult(self.step, metrics, trajs)
+            self.metrics.samples(self.step, [g[0] for g in drawn.groups[:2]])
+        return StepResult(self.step, metrics, drawn.mine)
+
+    def _rollout_figures(self, drawn: Drawn, rewards: RewardModel, boots: int) -> dict[str, float]:
+        """Stage 3's figures: ``summarize`` over every group of every rank, the groups with a contrast, dynamic
+        sampling's figures, the kernels booted beside the rollout (idle refill: only when short), the scheduled
+        reward weights."""
+        every_rank = [t for g in drawn.groups for t in g]  # every group of every rank, in the order drawn
+        metrics = summarize(every_rank, drawn.stats)
+        metrics["groups_with_contrast"] = sum(group_has_contrast(g, self.cfg.rollout.dynamic_sampling_signal)
+                                              for g in drawn.groups)
+        metrics.update(drawn.figures)
+        metrics["pool/boots_in_rollout"] = boots
+        metrics.update(rewards.scheduled_weights())  # weight/<term> of every scheduled term
+        return metrics
+
+    def _advantages(self, trajs: list[Trajectory], metrics: dict[str, float]) -> tuple[dict[str, torch.Tensor],
+                                                                                          torch.Tensor]:
+        """Stage 4: this rank's batch and advantages [B, T]; adds the advantages' figures to ``metrics``."""
+        cfg = self.cfg
+        batch = batch_tensors(trajs, self.pad_id)
+        self.predict_output.add_mask(batch, trajs)  # batch["output_mask"] (loss.predict_output)
+        adv = compute_advantages(cfg.advantages.estimator, batch, **vars(cfg.advantages))       # [B, T]
+        negative, n_correct = correct_negative(adv, batch["loss_mask"], batch["correct"])
+        n_correct = self.ranks.sum(n_correct)
+        if n_correct:  # the share of correct episodes pushed down on some token (e.g. by summed line penalties)
+            metrics["adv/correct_negative_frac"] = self.ranks.sum(negative) / n_correct
+        metrics.update(line_advantage_stats(adv, batch))  # how much lines of an episode differ (this rank's)
+        return batch, adv
+
+    def _update_on_every_rank(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
+        """Stage 5: ``update``'s statistics; under several ranks their mean over the ranks, and how far the ranks'
+        weights drifted apart (``rank_weight_drift``, 0: every rank holds the same weights)."""
+        update_stats = self.update(batch, adv)
+        if self.world == 1:
+            return update_stats
+        update_stats["weights_checksum"] = self._weights_checksum()
+        per_rank = self.ranks.gather([update_stats])
+        sums = [r.pop("weights_checksum") for r in per_rank]
+        update_stats = {k: sum(r[k] for r in per_rank) / len(per_rank) for k in per_rank[0]}
+        update_stats["rank_weight_drift"] = max(sums) - min(sums)
+        return update_stats
+
+    def _publish_weights(self) -> dict[str, float]:
+        """Stage 5b: the sampler gets the new weights (a sleeping vLLM engine woken first); the sync's time, its
+        transport, and the trainer's GPU memory peak."""
+        figures: dict[str, float] = {}
+        t_sync = time.perf_counter()
+        if self.cfg.model.vllm_sleep:
+            wake_generator(self.generator)
+        self.generator.sync_weights(self.model)
+        figures["time/sync_weights_s"] = time.perf_counter() - t_sync
+        if transport := getattr(self.generator, "last_sync_transport", ""):
+            figures[f"sync/{transport}"] = 1.0  # which way the weights went (vLLM's auto: cuda_ipc or shm)
+        device = self.accelerator.device
+        if device.type == "cuda":  # the trainer's own peak (a vLLM engine's memory is its process's, not in this)
+            figures["mem/trainer_gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            figures["mem/trainer_gpu_reserved_gib"] = torch.cuda.memory_reserved(device) / 2**30
+        return figures
 
     def update(self, batch: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
         """epochs x minibatches optimizer steps over the batch; each minibatch accumulates micro-batches.
@@ -671,7 +664,7 @@ class Trainer:
         gen = torch.Generator().manual_seed(cfg.run.seed + self.step)
         scored_adv = adv.masked_fill(batch["loss_mask"] == 0, 0.0)                           # [B, T]
         # torch.chunk gives fewer parts than asked for some sizes (5 rows in 4: 3 parts): the most over the ranks
-        n_minibatches = self._max_over_ranks([len(torch.arange(B).chunk(cfg.optim.minibatches))])[0]
+        n_minibatches = self.ranks.max([len(torch.arange(B).chunk(cfg.optim.minibatches))])[0]
         for _ in range(cfg.optim.epochs):
             order = torch.randperm(B, generator=gen) if cfg.optim.minibatches > 1 else torch.arange(B)
             minibatches = list(order.chunk(cfg.optim.minibatches))
@@ -679,7 +672,7 @@ class Trainer:
             for mb in minibatches:
                 self.optimizer.zero_grad(set_to_none=True)
                 weights, share = self._micro_weights(batch, mb)
-                self.predict_output.start_minibatch(batch, mb, self._sum_over_ranks, self._grad_scale)
+                self.predict_output.start_minibatch(batch, mb, self.ranks.sum, self._grad_scale)
                 # zero advantage on every scored token (or a weight of 0) and no KL term: the gradient is exactly
                 # zero, so only the forward runs (for the logged statistics), without autograd and without a
                 # backward; under several ranks, only where every rank's micro-batch j is so
@@ -688,7 +681,7 @@ class Trainer:
                 skips = self.predict_output.keep_backward(skips, weights, batch)
                 order = list(range(len(weights)))
                 if self.world > 1:
-                    skips = self._all_ranks(skips)
+                    skips = self.ranks.all(skips)
                     # DDP reduces in the minibatch's last backward, which every rank must run: the skipped
                     # micro-batches go first (the same order on every rank), and the last one runs its backward
                     # even at a zero gradient
@@ -755,7 +748,7 @@ class Trainer:
         micros = list(mb.chunk(math.ceil(len(mb) / self.cfg.optim.micro_batch))) if len(mb) else []
         size = lambda m: float(agg_units(lm[m], agg))  # noqa: E731  (the loss's own rule: loss.agg_units)
         local = size(mb)
-        total, most = self._sum_and_max_over_ranks(local, max(len(micros), 1))
+        total, most = self.ranks.sum_and_max(local, max(len(micros), 1))
         padding = [(torch.arange(1), 0.0, True)] * (most - len(micros))
         return [(m, size(m) / (local or 1.0), False) for m in micros] + padding, (local / total if total else 0.0)
 
@@ -770,7 +763,7 @@ class Trainer:
         device = self.accelerator.device
         out = torch.zeros_like(batch["old_logprobs"])
         micros = list(torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch))
-        most = self._max_over_ranks([len(micros)])[0]
+        most = self.ranks.max([len(micros)])[0]
         for k in range(max(most, len(micros))):
             micro = micros[k] if k < len(micros) else torch.arange(1)
             ids, att = batch["input_ids"][micro].to(device), batch["attention_mask"][micro].to(device)
@@ -795,9 +788,9 @@ class Trainer:
         held = next(h for h in self.held_out if h.label == which)
         n = n or held.n
         k = held.cfg.run.eval_samples
+        env = self.env(pool, held.task, EpisodeRules.from_config(held.cfg.rollout))
         with tqdm(total=n * k, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
-            return evaluate(self.generator, pool, held.task, held.cfg, n, k, progress=bar,
-                            rewards=self.rewards.at(self.step), episodes=episodes, waves=waves, stop=stop)
+            return evaluate(env, held.cfg, n, k, progress=bar, episodes=episodes, waves=waves, stop=stop)
 
     def evaluate_all(self, pool: KernelPool, when: str = "") -> None:
         """Every held-out task (eval, then transfer and each run.extra_eval if set): figures logged as eval/<m>,
@@ -879,6 +872,6 @@ class Trainer:
                                        keep=self.cfg.run.keep_checkpoints)
             except OSError as e:  # e.g. a full disk: the last good checkpoint is intact; every rank stops
                 error = e
-        if self._any_rank(error is not None):  # also the barrier: no rank runs ahead of the save
+        if self.ranks.any(error is not None):  # also the barrier: no rank runs ahead of the save
             raise error or OSError("the main process could not write the checkpoint")
         return path

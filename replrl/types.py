@@ -10,18 +10,6 @@ LineStatus = Literal["ok", "error", "timeout", "crashed", "incomplete"]
 FinishReason = Literal["newline", "eos", "length"]
 
 
-def _rollout_default(name: str) -> Any:
-    """A field whose default is ``RolloutConfig``'s (config.py: the one home of defaults), read when the object is
-    made (config.py is imported then, not when this module is: it sits below config in the import order)."""
-
-    def default() -> Any:
-        from replrl.config import RolloutConfig
-
-        return getattr(RolloutConfig, name)
-
-    return field(default_factory=default)
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are sampled. Defaults are plain sampling (temperature 1, no truncation), as GRPO expects.
@@ -40,10 +28,12 @@ class SamplingParams:
     """Keep only the k most likely tokens; 0 disables it."""
     max_line_tokens: int = 96
     """A line longer than this ends the episode (end reason ``overlong_line``)."""
-    max_lines: int = _rollout_default("max_lines")
-    """Lines (executed statements, block lines included) per episode (default: ``rollout.max_lines``'s)."""
-    max_total_tokens: int = _rollout_default("max_total_tokens")
-    """Prompt plus everything generated and spliced (default: ``rollout.max_total_tokens``'s)."""
+    max_lines: int | None = None
+    """Deprecated (one release): the episode's line limit lives in ``EpisodeRules.max_lines`` (``env.rules``), the
+    one place the episode reads it. Set here, ``rollout()`` (or ``run_episode``) moves it into the Env's rules with a
+    DeprecationWarning; None (the default): the rules' value holds."""
+    max_total_tokens: int | None = None
+    """Deprecated (one release), as ``max_lines``: the token limit lives in ``EpisodeRules.max_total_tokens``."""
     seed: int | None = None
     """Seed for the sampler's random generator (None: nondeterministic)."""
 
@@ -52,8 +42,11 @@ class SamplingParams:
             raise ValueError("sampling.temperature must be > 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("sampling.top_p must be in (0, 1]")
-        if self.top_k < 0 or self.max_line_tokens < 1 or self.max_lines < 1 or self.max_total_tokens < 16:
-            raise ValueError("sampling: top_k >= 0, max_line_tokens >= 1, max_lines >= 1, max_total_tokens >= 16")
+        if self.top_k < 0 or self.max_line_tokens < 1:
+            raise ValueError("sampling: top_k >= 0, max_line_tokens >= 1")
+        if (self.max_lines is not None and self.max_lines < 1) or \
+                (self.max_total_tokens is not None and self.max_total_tokens < 16):
+            raise ValueError("sampling: max_lines >= 1, max_total_tokens >= 16 (deprecated here: EpisodeRules)")
 
 
 @dataclass

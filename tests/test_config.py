@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -121,17 +122,22 @@ class LongEpisodesTask:
     rollout_defaults = {"max_lines": 24, "max_total_tokens": 1536}
 
 
-def test_sampling_params_have_no_episode_limit_defaults_of_their_own():
-    """The episode's limits have one home: a SamplingParams made without them takes ``rollout``'s defaults."""
+def test_episode_limits_have_one_home_the_rules_with_rollout_s_defaults():
+    """The episode's limits live in EpisodeRules, defaulting to ``rollout``'s; SamplingParams holds how a line is
+    sampled (its deprecated limit fields are None unless a caller sets them)."""
+    from replrl.rollout import EpisodeRules
     from replrl.types import SamplingParams
 
     rollout = Config().rollout
-    made = SamplingParams(seed=0)
+    made = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)
     assert (made.max_lines, made.max_total_tokens) == (rollout.max_lines, rollout.max_total_tokens)
+    assert EpisodeRules.from_config(dataclasses.replace(rollout, max_lines=7, max_total_tokens=64)).max_lines == 7
     assert rollout.sampling(seed=0) == SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p,
                                                        top_k=rollout.top_k, max_line_tokens=rollout.max_line_tokens,
                                                        seed=0)
-    assert SamplingParams(max_lines=7, max_total_tokens=64).max_lines == 7
+    assert (SamplingParams().max_lines, SamplingParams().max_total_tokens) == (None, None)
+    with pytest.raises(ValueError, match="max_lines >= 1"):
+        EpisodeRules(40, 3, False, max_lines=0)
 
 
 def test_a_task_s_rollout_defaults_apply_where_the_user_set_nothing(tmp_path):

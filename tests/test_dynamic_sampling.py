@@ -140,8 +140,7 @@ def test_off_is_today_s_step_and_on_equals_off_when_the_first_wave_suffices(form
     problems = ProblemStream(again.train_rows, again.cfg.run.seed).take(2)
     pool = run_sync(KernelPool(size=8, limits=again.cfg.rollout.limits(), tools=again.task.tools).start())
     try:
-        trajs, _ = run_sync(rollout(again.generator, pool, again.task, problems, again.rewards.at(0), again.sampling,
-                                    again.rules, group_size=4, chat_template=False))
+        trajs, _ = run_sync(rollout(again.env(pool), problems, again.sampling, group_size=4))
     finally:
         run_sync(pool.close())
     assert [t.token_ids for t in r_off.trajectories] == [t.token_ids for t in trajs]

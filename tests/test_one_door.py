@@ -162,3 +162,165 @@ def test_open_env_composes_an_env_from_the_config_and_closes_only_what_it_opened
     with open_env(cfg, pool_size=1, generator=held, task=env.task) as env2:
         assert env2.generator is held and env2.task is env.task
     assert not held.closed and env2.pool._closed and len(opened) == 1
+
+
+# -- one rollout(env, rows, sampling), every episode limit in the Env's rules ---------------------------------------
+
+class ScriptedGenerator:
+    """A generator whose session rows 'sample' the lines of their problem's script (``tests.scripted.SCRIPTS``), as
+    the tokenizer encodes them: the Env, the kernels and the splice are the real ones, no model is needed."""
+
+    def __init__(self, tokenizer: Any, scripts: list[list[str]]):
+        self.tokenizer, self.scripts = tokenizer, scripts
+
+    def session(self, prompts: list[list[int]], sampling: Any) -> Any:
+        from replrl.rollout import encode, line_text
+        from replrl.types import LineSample
+
+        per_row = len(prompts) // len(self.scripts)
+        lines = [[encode(self.tokenizer, line_text(c)) for c in self.scripts[i // per_row]]
+                 for i in range(len(prompts))]
+
+        class Session:
+            async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
+                ids = lines[i].pop(0)
+                return LineSample(token_ids=ids, logprobs=[0.0] * len(ids), finish="newline")
+
+            async def rollback(self, i: int, length: int) -> None:
+                raise AssertionError("no speculation here")
+
+            def finish(self, i: int) -> None:
+                pass
+
+            async def aclose(self) -> None:
+                pass
+
+        return Session()
+
+
+@pytest.fixture(scope="module")
+def scripted_env():
+    """An Env over the scripts `many` (7 lines, the answer last) and `bigprint` (600 characters printed), with
+    rules of 5 lines and 400 tokens; the pool is closed after the module."""
+    from replrl.config import RewardConfig
+    from replrl.models import load_tokenizer
+    from replrl.rewards import RewardModel
+    from replrl.rollout import Env, EpisodeRules
+    from sandbox import KernelPool, Limits, run_sync
+    from tests.scripted import SCRIPTS, ScriptTask
+
+    names = ("many", "bigprint")
+    task = ScriptTask({name: SCRIPTS[name] for name in names})
+    generator = ScriptedGenerator(load_tokenizer("smollm2-135m-instruct"), [SCRIPTS[name] for name in names])
+    pool = run_sync(KernelPool(size=4, limits=Limits(wall_s=2.0), tools=["submit"]).start())
+    rules = EpisodeRules(max_output_tokens=200, max_repeats=3, state_digest=False, max_lines=5, max_total_tokens=400)
+    yield Env(generator, pool, task, rules, RewardModel(RewardConfig().weights), chat_template=False)
+    run_sync(pool.close())
+
+
+def run_rollout(env: Any, **kwargs: Any) -> list[Any]:
+    from replrl.rollout import rollout
+    from replrl.types import SamplingParams
+    from sandbox import run_sync
+
+    trajs, _ = run_sync(rollout(env, list(enumerate(env.task.rows("train"))), SamplingParams(seed=0), **kwargs))
+    return trajs
+
+
+def test_rollout_takes_an_env_and_the_old_form_builds_one_with_a_deprecation_warning(scripted_env):
+    import warnings
+
+    from replrl.rollout import rollout
+    from replrl.types import SamplingParams
+    from sandbox import run_sync
+
+    env, rows, sampling = scripted_env, list(enumerate(scripted_env.task.rows("train"))), SamplingParams(seed=0)
+    new, _ = run_sync(rollout(env, rows, sampling, group_size=2))
+    assert [t.group for t in new] == [0, 0, 1, 1] and [t.row for t in new] == [0, 0, 1, 1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call = rollout(env.generator, env.pool, env.task, rows, env.rewards, sampling, env.rules, group_size=2,
+                       chat_template=False)
+    (warned,) = caught
+    assert warned.category is DeprecationWarning and warned.filename == __file__  # the caller's line, not asyncio's
+    assert "pass an Env, rollout(Env(generator, pool, task, rules, rewards" in str(warned.message)
+    old, _ = run_sync(call)
+    assert [(t.token_ids, t.end_reason, t.group) for t in old] == [(t.token_ids, t.end_reason, t.group) for t in new]
+    with pytest.raises(TypeError, match="takes an Env first"):
+        rollout(env.generator, env.pool, env.task, rows, env.rewards, sampling)  # no rules: neither form
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        rollout(env, rows, sampling, 2)  # group_size is a keyword in the new form
+
+
+def test_every_episode_limit_is_the_env_s_rules(scripted_env):
+    import dataclasses
+
+    from replrl.types import SamplingParams
+
+    many, bigprint = run_rollout(scripted_env)
+    assert (many.end_reason, len(many.lines)) == ("max_lines", 5) and bigprint.end_reason == "submit"
+    assert (many.sampling["max_lines"], many.sampling["max_total_tokens"]) == (5, 400)  # recorded, as before
+    rules = scripted_env.rules
+    short = dataclasses.replace(scripted_env, rules=dataclasses.replace(rules, max_lines=2, max_total_tokens=150))
+    many, bigprint = run_rollout(short)
+    assert (many.end_reason, len(many.lines)) == ("max_lines", 2)
+    assert bigprint.end_reason == "max_tokens" and len(bigprint.lines) == 1 and len(bigprint.token_ids) < 150
+    # one release: limits set on SamplingParams still apply, moved into the rules with a warning
+    from replrl.rollout import rollout
+    from sandbox import run_sync
+
+    with pytest.warns(DeprecationWarning, match="episode limits live in EpisodeRules"):
+        call = rollout(scripted_env, list(enumerate(scripted_env.task.rows("train"))), SamplingParams(max_lines=3))
+    (many, _), _ = run_sync(call)
+    assert (many.end_reason, len(many.lines), many.sampling["max_lines"]) == ("max_lines", 3, 3)
+
+
+def test_a_task_s_own_limits_reach_the_rules():
+    """The programs and explore tasks set longer episodes (their ``rollout_defaults``); the rules built from the
+    config hold them, and what the user sets wins."""
+    from replrl.config import Config
+    from replrl.configlib import resolve
+    from replrl.rollout import EpisodeRules
+
+    programs = EpisodeRules.from_config(resolve(Config, None, {"task": {"name": "programs"}}).rollout)
+    assert (programs.max_lines, programs.max_total_tokens, programs.max_output_tokens) == (24, 1536, 64)
+    explore = EpisodeRules.from_config(resolve(Config, None, {"task": {"name": "explore"}}).rollout)
+    assert (explore.max_lines, explore.max_total_tokens, explore.max_output_tokens) == (16, 2048, 128)
+    mine = resolve(Config, None, {"task": {"name": "programs"}, "rollout": {"max_lines": 7}}).rollout
+    assert (EpisodeRules.from_config(mine).max_lines, EpisodeRules.from_config(mine).max_total_tokens) == (7, 1536)
+
+
+def test_held_out_evaluation_goes_through_an_env(scripted_env, format_model_dir, tmp_path, monkeypatch):
+    """``evaluation.evaluate(env, cfg, n)``: the API's and the Trainer's evaluation alike roll out in an Env; the
+    Trainer's holds its generator, the held-out task, that task's own rules and the reward weights of its step."""
+    from types import SimpleNamespace
+
+    import replrl.evaluation
+    from replrl.config import Config
+    from replrl.rollout import EpisodeRules
+
+    cfg = Config()
+    cfg.task.eval_split = "train"
+    figures = replrl.evaluation.evaluate(scripted_env, cfg, n=2)
+    assert figures["episodes"] == 2 and figures["accuracy"] == 0.5  # `bigprint` submits its answer, `many` runs out
+
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def spy(env, rows, sampling, **kwargs):
+        seen.append(env)
+        raise Seen
+
+    monkeypatch.setattr(replrl.evaluation, "rollout", spy)
+    cfg = toy_config(format_model_dir, max_steps=1, extra_eval=[{"name": "explore", "level": 0, "n": 3,
+                                                                 "rollout": {"max_lines": 2}}])
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    held = trainer.held_out[1]
+    with pytest.raises(Seen):
+        trainer.evaluate(SimpleNamespace(size=4), which="eval_explore")
+    (env,) = seen
+    assert env.generator is trainer.generator and env.task is held.task and env.rewards.step == trainer.step
+    assert env.rules == EpisodeRules.from_config(held.cfg.rollout)
+    assert (env.rules.max_lines, env.rules.max_total_tokens) == (2, 2048)  # explore's own, the table's max_lines

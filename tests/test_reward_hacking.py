@@ -23,7 +23,7 @@ from replrl.config import RewardConfig
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import TRUNCATED_MARKER, ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, build_prompt, decode, encode, env_token_ids, line_text, rollout
+from replrl.rollout import Env, EpisodeRules, build_prompt, decode, encode, env_token_ids, line_text, rollout
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, run_sync
 from tests.helpers_models import GSM8K_DIR, GSM8K_FULL_DIR
@@ -271,8 +271,8 @@ OUTPUTS = {  # what each script's lines print, verbatim: spliced as environment 
     "lookalikes": ["\x1b[2K\r>>> submit(42)\r\n", "[... output truncated ...]\n>>> \n"],
     "probe": [""],
 }
-RULES = EpisodeRules(max_output_tokens=60, max_repeats=3, state_digest=False)
-SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=32, max_lines=5, max_total_tokens=400, seed=1)
+RULES = EpisodeRules(max_output_tokens=60, max_repeats=3, state_digest=False, max_lines=5, max_total_tokens=400)
+SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=32, seed=1)
 
 
 def script_sequences(tokenizer: Any, pool: KernelPool) -> list[tuple[list[int], list[int]]]:
@@ -318,8 +318,9 @@ def episodes() -> dict[str, Trajectory]:
             torch.set_num_threads(threads)
         task = HackTask()
         rows = list(enumerate(task.rows("train")))
-        trajs, _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows,
-                                    RewardModel(RewardConfig().weights), SAMPLING, RULES, chat_template=False))
+        env = Env(HFGenerator(model, tokenizer), pool, task, RULES, RewardModel(RewardConfig().weights),
+                  chat_template=False)
+        trajs, _ = run_sync(rollout(env, rows, SAMPLING))
     finally:
         run_sync(pool.close())
     return {row["script"]: t for (_, row), t in zip(rows, trajs)}

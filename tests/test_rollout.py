@@ -20,7 +20,17 @@ from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import PS1, PS2, TRUNCATED_MARKER, ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, RolloutStats, build_prompt, decode, line_text, line_timing, rollout, summarize
+from replrl.rollout import (
+    Env,
+    EpisodeRules,
+    RolloutStats,
+    build_prompt,
+    decode,
+    line_text,
+    line_timing,
+    rollout,
+    summarize,
+)
 from replrl.tree import TreeShape
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, empty_state, run_sync
@@ -30,8 +40,13 @@ from tests.scripted import EOF_SCRIPTS, SCRIPTS, ScriptTask, script_sequences, t
 
 pytestmark = pytest.mark.timeout(900)  # the module fixture teaches the scripts (about a minute on 2 cores)
 LIMITS = Limits(wall_s=1.0, interrupt_grace_s=1.0)
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=True)
-SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=5, max_total_tokens=400, seed=1)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=True, max_lines=5, max_total_tokens=400)
+SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, seed=1)
+
+
+def env_of(generator, pool, task, rules: EpisodeRules = RULES, chat_template: bool = False) -> Env:
+    """The Env these tests roll out in: the default reward weights, no chat template (the scripts' prompt)."""
+    return Env(generator, pool, task, rules, RewardModel(RewardConfig().weights), chat_template=chat_template)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +71,7 @@ def episodes(scripted, pool) -> dict[str, Trajectory]:
     model, tokenizer = scripted
     task = ScriptTask()
     rows = list(enumerate(task.rows("train")))
-    trajs, _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows, RewardModel(RewardConfig().weights),
-                                SAMPLING, RULES, chat_template=False))
+    trajs, _ = run_sync(rollout(env_of(HFGenerator(model, tokenizer), pool, task), rows, SAMPLING))
     return {row["script"]: t for (_, row), t in zip(rows, trajs)}
 
 
@@ -73,9 +87,7 @@ def tree(scripted, pool) -> tuple[dict[str, list[Trajectory]], dict[str, float]]
     model, tokenizer = scripted
     task = ScriptTask()
     rows = [(i, r) for i, r in enumerate(task.rows("train")) if r["script"] in TREE_SCRIPTS]
-    rewards = RewardModel(RewardConfig().weights)
-    trajs, stats = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows, rewards, SAMPLING, RULES,
-                                    chat_template=False, tree=TREE))
+    trajs, stats = run_sync(rollout(env_of(HFGenerator(model, tokenizer), pool, task), rows, SAMPLING, tree=TREE))
     leaves: dict[str, list[Trajectory]] = {}
     for t in trajs:
         leaves.setdefault(rows[t.group][1]["script"], []).append(t)
@@ -95,9 +107,8 @@ def speculative_rollout(scripted, pool, misguess: bool) -> tuple[dict[str, Traje
     with pytest.MonkeyPatch.context() as mp:
         if misguess:
             mp.setattr(ReplSession, "silent_prompt", guess_every_line_silent)
-        trajs, stats = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows,
-                                        RewardModel(RewardConfig().weights), SAMPLING,
-                                        dataclasses.replace(RULES, speculate=True), chat_template=False))
+        env = env_of(HFGenerator(model, tokenizer), pool, task, dataclasses.replace(RULES, speculate=True))
+        trajs, stats = run_sync(rollout(env, rows, SAMPLING))
     return {row["script"]: t for (_, row), t in zip(rows, trajs)}, summarize(trajs, stats)
 
 
@@ -186,8 +197,7 @@ def eof_episodes(pool) -> dict[str, Trajectory]:
     model = tiny_model(tokenizer, seed=1, hidden_size=128, intermediate_size=256)
     teach_scripts(model, tokenizer, script_sequences(tokenizer, pool, RULES.max_output_tokens, task))
     rows = list(enumerate(task.rows("train")))
-    trajs, _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, rows,
-                                RewardModel(RewardConfig().weights), SAMPLING, RULES, chat_template=False))
+    trajs, _ = run_sync(rollout(env_of(HFGenerator(model, tokenizer), pool, task), rows, SAMPLING))
     return {row["script"]: t for (_, row), t in zip(rows, trajs)}
 
 
@@ -284,10 +294,8 @@ def test_max_total_tokens_ends_the_episode(scripted, pool):
     task = ScriptTask()
     row = next(r for r in task.rows("train") if r["script"] == "bigprint")
     prompt_len = len(tokenizer.encode(build_prompt(tokenizer, task.header(row), chat_template=False)))
-    sampling = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=5, max_total_tokens=prompt_len + 30,
-                              seed=1)
-    (t,), _ = run_sync(rollout(HFGenerator(model, tokenizer), pool, task, [(0, row)],
-                               RewardModel(RewardConfig().weights), sampling, RULES, chat_template=False))
+    rules = dataclasses.replace(RULES, max_total_tokens=prompt_len + 30)  # the episode's limit is its rules'
+    (t,), _ = run_sync(rollout(env_of(HFGenerator(model, tokenizer), pool, task, rules), [(0, row)], SAMPLING))
     assert t.end_reason == "max_tokens" and len(t.token_ids) < prompt_len + 30
 
 
@@ -300,6 +308,7 @@ def test_records_are_json_lines(episodes):
                     "end_reason", "task", "row", "sampling"):
             assert key in d
         assert d["sampling"]["temperature"] == SAMPLING.temperature
+        assert (d["sampling"]["max_lines"], d["sampling"]["max_total_tokens"]) == (5, 400)  # the rules' limits
         for line in d["lines"]:
             assert set(line) >= {"code", "output", "status", "error_name", "rewards", "token_span"}
 
@@ -312,9 +321,10 @@ def test_real_pretrained_model_on_gsm8k(pool):
 
     task = load_task("gsm8k", data=str(GSM8K_DIR), limit=3)
     gen = HFGenerator.from_pretrained("smollm2-135m-instruct", device="cpu")
-    sampling = SamplingParams(temperature=0.7, max_line_tokens=48, max_lines=4, max_total_tokens=768, seed=0)
+    sampling = SamplingParams(temperature=0.7, max_line_tokens=48, seed=0)
     rows = [(i, task.rows("test")[i]) for i in range(3)]
-    trajs, stats = run_sync(rollout(gen, pool, task, rows, RewardModel(RewardConfig().weights), sampling, RULES,
+    rules = dataclasses.replace(RULES, max_lines=4, max_total_tokens=768)
+    trajs, stats = run_sync(rollout(env_of(gen, pool, task, rules, chat_template=True), rows, sampling,
                                     group_size=2))
     assert len(trajs) == 6 and stats.model_tokens > 0
     executed = [ln for t in trajs for ln in t.lines if ln.status != "incomplete"]

@@ -20,15 +20,15 @@ from replrl.backends.hf import HFGenerator
 from replrl.config import RewardConfig
 from replrl.models import load_tokenizer, tiny_model
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, build_prompt, decode, encode, line_text, rollout
+from replrl.rollout import Env, EpisodeRules, build_prompt, decode, encode, line_text, rollout
 from replrl.tasks.base import Task, TaskError, TaskWithSetup, setup_source
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits, empty_state, run_sync
 from sandbox._kernel_digest import state_digest
 
 LINE = "submit(sum(stock.values()))"
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=True)
-SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=24, max_lines=2, max_total_tokens=300, seed=0)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=True, max_lines=2, max_total_tokens=300)
+SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=24, seed=0)
 
 
 @dataclass
@@ -91,8 +91,9 @@ def run(task: StockTask, taught: Any) -> tuple[list, Any]:
 
     async def go():
         async with KernelPool(size=3, limits=Limits(wall_s=2.0), tools=task.tools) as pool:
-            return await rollout(HFGenerator(model, tokenizer), pool, task, list(enumerate(task.rows("test"))),
-                                 RewardModel(RewardConfig().weights), SAMPLING, RULES, chat_template=False)
+            env = Env(HFGenerator(model, tokenizer), pool, task, RULES, RewardModel(RewardConfig().weights),
+                      chat_template=False)
+            return await rollout(env, list(enumerate(task.rows("test"))), SAMPLING)
 
     return run_sync(go())
 

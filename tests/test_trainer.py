@@ -474,9 +474,9 @@ def record_eval_waves(monkeypatch) -> list[list[int]]:
 
     real_rollout, sampled = replrl.evaluation.rollout, []
 
-    def counted(generator, pool, task, rows, *args, **kwargs):
+    def counted(env, rows, *args, **kwargs):
         sampled.append([i for i, _ in rows])
-        return real_rollout(generator, pool, task, rows, *args, **kwargs)
+        return real_rollout(env, rows, *args, **kwargs)
     monkeypatch.setattr(replrl.evaluation, "rollout", counted)
     return sampled
 

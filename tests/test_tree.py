@@ -23,15 +23,15 @@ from replrl.configlib import ConfigError, resolve
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, rollout, summarize
+from replrl.rollout import Env, EpisodeRules, rollout, summarize
 from replrl.tree import TreeShape, children_per_node
 from replrl.types import Line, SamplingParams, Trajectory
 from sandbox import run_sync
 from tests.scripted import ScriptTask, script_sequences, teach_scripts
 
 pytestmark = pytest.mark.timeout(600)
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)
-SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=8, max_total_tokens=400, seed=1)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False, max_lines=8, max_total_tokens=400)
+SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, seed=1)
 
 TREE_SCRIPTS: dict[str, list[Any]] = {
     "steady": ["a = 2", "b = a * 3", "b", "c = b + 1", "d = c * 2", "submit(d)"],
@@ -242,10 +242,10 @@ def dice_model(pool):
 
 def dice_tree(dice_model, pool, task: DiceTask) -> tuple[list[Trajectory], dict[str, float]]:
     model, tokenizer = dice_model
-    sampling = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=6, max_total_tokens=300, seed=1)
-    rules = EpisodeRules(40, 3, state_digest=True)
-    trajs, stats = run_sync(rollout(HFGenerator(model, tokenizer), pool.pool, task, list(enumerate(task.rows("x"))),
-                                    RewardModel(RewardConfig().weights), sampling, rules, chat_template=False,
+    rules = EpisodeRules(40, 3, state_digest=True, max_lines=6, max_total_tokens=300)
+    env = Env(HFGenerator(model, tokenizer), pool.pool, task, rules, RewardModel(RewardConfig().weights),
+              chat_template=False)
+    trajs, stats = run_sync(rollout(env, list(enumerate(task.rows("x"))), SAMPLING,
                                     tree=TreeShape(roots=1, branch_at=(2,), width=2)))
     # both leaves share the first two lines and the branch point after them (what follows the printed random number
     # is the tiny model's guess: its teaching transcript printed another number)

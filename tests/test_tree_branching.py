@@ -23,7 +23,7 @@ from replrl.configlib import ConfigError, resolve
 from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.rewards import RewardModel
-from replrl.rollout import EpisodeRules, decode, rollout, summarize
+from replrl.rollout import Env, EpisodeRules, decode, rollout, summarize
 from replrl.tree import TreeShape, branch_line, children_per_node
 from replrl.types import Line, SamplingParams, Trajectory
 from sandbox import run_sync
@@ -35,8 +35,8 @@ SCRIPTS = {
     "slow": ["import time", "time.sleep(3)", "c = 3", "submit(c)"],
     "coin": ["import random", "random.random() < 0.5 or exit()", "c = 3", "submit(c)"],
 }
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)
-SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=24, max_lines=6, max_total_tokens=400, seed=1)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False, max_lines=6, max_total_tokens=400)
+SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=24, seed=1)
 
 
 class BranchTask(ScriptTask):
@@ -114,9 +114,8 @@ def grow(branch_model, pool, scripts: list[str], shape: TreeShape, fork: bool = 
     task = BranchTask({name: SCRIPTS[name] for name in scripts})
     gen = Recorded(HFGenerator(model, tokenizer), fork=fork)
     run_sync(pool.pool.wait_full())
-    trajs, stats = run_sync(rollout(gen, pool.pool, task, list(enumerate(task.rows("x"))),
-                                    RewardModel(RewardConfig().weights), SAMPLING, RULES, chat_template=False,
-                                    tree=shape))
+    env = Env(gen, pool.pool, task, RULES, RewardModel(RewardConfig().weights), chat_template=False)
+    trajs, stats = run_sync(rollout(env, list(enumerate(task.rows("x"))), SAMPLING, tree=shape))
     return trajs, summarize(trajs, stats) | stats.extra, gen
 
 

@@ -26,7 +26,7 @@ from replrl.config import RewardConfig  # noqa: E402
 from replrl.loss import token_logprobs  # noqa: E402
 from replrl.models import load_tokenizer, tiny_model  # noqa: E402
 from replrl.rewards import RewardModel  # noqa: E402
-from replrl.rollout import EpisodeRules, build_prompt, decode, line_text, rollout, summarize  # noqa: E402
+from replrl.rollout import Env, EpisodeRules, build_prompt, decode, line_text, rollout, summarize  # noqa: E402
 from replrl.tree import TreeShape  # noqa: E402
 from replrl.types import SamplingParams, Trajectory  # noqa: E402
 from sandbox import KernelPool, Limits, run_sync  # noqa: E402
@@ -36,8 +36,8 @@ from tests.test_backend_vllm import ATOL, EAGER  # noqa: E402
 pytestmark = pytest.mark.timeout(900)
 TREE = TreeShape(roots=2, branch_at=(2, 4), width=2)
 TASK = ScriptTask({name: SCRIPTS[name] for name in ("many", "wrong")})
-RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False)
-SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, max_lines=8, max_total_tokens=400, seed=1)
+RULES = EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False, max_lines=8, max_total_tokens=400)
+SAMPLING = SamplingParams(temperature=0.3, max_line_tokens=20, seed=1)
 BLOCK = 32
 """The engine's KV block on the CPU (replrl/backends/vllm/engine.py): the prefix cache finds prompts in whole
 blocks."""
@@ -84,8 +84,8 @@ def play(engine, pool, tree: TreeShape | None, group_size: int = 1) -> tuple[lis
     """(episodes, summary, prefix-cache lookups, hits) of one rollout over TASK's rows on the engine."""
     rows = list(enumerate(TASK.rows("train")))
     before = prefix_cache_counters()
-    trajs, stats = run_sync(rollout(engine, pool, TASK, rows, RewardModel(RewardConfig().weights), SAMPLING, RULES,
-                                    group_size=group_size, chat_template=False, tree=tree))
+    env = Env(engine, pool, TASK, RULES, RewardModel(RewardConfig().weights), chat_template=False)
+    trajs, stats = run_sync(rollout(env, rows, SAMPLING, group_size=group_size, tree=tree))
     engine.call(_settle())  # the engine's last step's statistics are recorded after its outputs
     after = prefix_cache_counters()
     return trajs, summarize(trajs, stats), after[0] - before[0], after[1] - before[1]

@@ -1,12 +1,12 @@
 """The episode's wing, its files in the order a line walks them:
 
-    env.py         Env (generator, pool, task, rules, rewards: frozen); EpisodeRules, every episode limit;
-                   open_env(cfg): an Env from the config, closing what it opened
+    env.py         Env (generator, pool, task, rules, rewards: frozen); EpisodeRules, every episode limit (lines,
+                   tokens, output, repeats); open_env(cfg): an Env from the config, closing what it opened
     transcript.py  the splice, text <-> ids: prompt, heal, encode/decode, the interpreter's tokens
     episode.py     THE loop: generate a line -> execute it -> splice the output -> repeat
     tree.py        groups whose episodes branch at line boundaries
-    groups.py      rollout(): a group per problem, flat or a tree, episode functions scored once (rollout_env: the
-                   same in an Env); split_by_group; rollout_in_waves
+    groups.py      rollout(env, rows, sampling): a group per problem, flat or a tree, episode functions scored
+                   once; split_by_group; rollout_in_waves
     stats.py       rollout figures: RolloutStats, summarize, state_stats, the merges of waves' and ranks' figures
 
 This face re-exports the names ``replrl.rollout`` had as one module (and ``replrl.tree``'s, ``replrl.states``'s), so
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .env import Env, EpisodeRules, open_env
 from .episode import SUBMIT, Episode, finish_episode, play, run_episode, run_setup
-from .groups import flat_rollout, rollout, rollout_env, rollout_in_waves, split_by_group
+from .groups import flat_rollout, rollout, rollout_in_waves, split_by_group
 from .stats import (
     SLOW_DIGEST_MS,
     TREE_RATIOS,
@@ -37,6 +37,6 @@ __all__ = [
     "SLOW_DIGEST_MS", "SUBMIT", "TREE_RATIOS", "Env", "Episode", "EpisodeRules", "RolloutStats", "TreeShape",
     "branch_line", "build_prompt", "children_per_node", "code_of", "decode", "encode", "env_token_ids",
     "finish_episode", "flat_rollout", "heal", "line_text", "line_timing", "merge_tree_figures", "merge_wave_stats",
-    "open_env", "play", "rollout", "rollout_env", "rollout_in_waves", "run_episode", "run_setup", "speculation_stats",
+    "open_env", "play", "rollout", "rollout_in_waves", "run_episode", "run_setup", "speculation_stats",
     "split_by_group", "state_stats", "stream_key", "summarize", "tree_rollout", "used_block",
 ]

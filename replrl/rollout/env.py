@@ -1,31 +1,59 @@
 """What an episode runs with: ``Env`` (generator, kernel pool, task, limits, rewards, chat template: one frozen
-object) and ``EpisodeRules``, every per-episode limit beyond sampling in one home (defaults live in config.py);
-``open_env(cfg, ...)`` builds an Env from a config and closes what it opened."""
+object) and ``EpisodeRules``, every per-episode limit in one home (defaults live in config.py: ``RolloutConfig``);
+``open_env(cfg, ...)`` builds an Env from a config and closes what it opened. ``SamplingParams`` is how a line's
+tokens are drawn (temperature, top-p/k, ``max_line_tokens``: the backend cuts a line there); how long an episode
+runs is the rules'."""
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 
+def _rollout_default(name: str) -> Any:
+    """A field whose default is ``RolloutConfig``'s (config.py: the one home of defaults), read when the object is
+    made (config.py is imported then, not when this module is: it sits below config in the import order)."""
+
+    def default() -> Any:
+        from ..config import RolloutConfig
+
+        return getattr(RolloutConfig, name)
+
+    return field(default_factory=default)
+
+
 @dataclass(frozen=True)
 class EpisodeRules:
-    """Per-episode limits beyond sampling; ``EpisodeRules.from_config(cfg.rollout)`` (defaults live in config.py)."""
+    """Every per-episode limit, in one home: ``EpisodeRules.from_config(cfg.rollout)`` (defaults live in config.py;
+    a task's own limits, its ``rollout_defaults``, are in ``cfg.rollout`` already). The episode reads them from
+    ``env.rules`` only (``SamplingParams`` holds how a line is sampled, and its line cut ``max_line_tokens``)."""
 
     max_output_tokens: int
+    """Interpreter output past this many tokens is cut, with a visible marker."""
     max_repeats: int
+    """The same line this many times in a row ends the episode: end reason ``repeat``."""
     state_digest: bool
     """Record the interpreter state each line starts from (``Line.state``, ``Line.state_values``)."""
     speculate: bool = False
     """Sample a line's successor while the line runs, when it is predicted to print nothing (see
     ``episode.py``'s docstring; flat rollouts only, a tree rollout plays without)."""
+    max_lines: int = _rollout_default("max_lines")
+    """Lines (executed statements, block lines included) per episode: end reason ``max_lines``."""
+    max_total_tokens: int = _rollout_default("max_total_tokens")
+    """Prompt plus everything generated and spliced: end reason ``max_tokens``."""
+
+    def __post_init__(self) -> None:
+        if self.max_lines < 1 or self.max_total_tokens < 16:
+            raise ValueError("episode rules: max_lines >= 1, max_total_tokens >= 16")
 
     @classmethod
     def from_config(cls, rollout_cfg: Any) -> EpisodeRules:
         return cls(max_output_tokens=rollout_cfg.max_output_tokens, max_repeats=rollout_cfg.max_repeats,
-                   state_digest=rollout_cfg.state_digest, speculate=getattr(rollout_cfg, "speculate", False))
+                   state_digest=rollout_cfg.state_digest, speculate=getattr(rollout_cfg, "speculate", False),
+                   max_lines=rollout_cfg.max_lines, max_total_tokens=rollout_cfg.max_total_tokens)
 
 
 @dataclass(frozen=True)
@@ -55,6 +83,20 @@ class Env:
     def at(self, step: int) -> Env:
         """The same Env with the reward weights scheduled for ``step``."""
         return replace(self, rewards=self.rewards.at(step))
+
+
+def limits_from_sampling(env: Env, sampling: Any, stacklevel: int = 3) -> tuple[Env, Any]:
+    """``env`` and ``sampling`` with the episode limits a caller set on ``sampling`` (deprecated: ``max_lines``,
+    ``max_total_tokens``) moved into ``env.rules``, with a DeprecationWarning; both as they are when it set none.
+    For one release, so code written before the limits moved keeps its limits."""
+    moved = {k: getattr(sampling, k, None) for k in ("max_lines", "max_total_tokens")}
+    moved = {k: v for k, v in moved.items() if v is not None}
+    if not moved:
+        return env, sampling
+    warnings.warn(f"SamplingParams({', '.join(f'{k}={v}' for k, v in moved.items())}): episode limits live in "
+                  f"EpisodeRules now (Env.rules, EpisodeRules.from_config(cfg.rollout)); SamplingParams' fields "
+                  f"go in the next release", DeprecationWarning, stacklevel=stacklevel)
+    return replace(env, rules=replace(env.rules, **moved)), replace(sampling, max_lines=None, max_total_tokens=None)
 
 
 @contextlib.contextmanager

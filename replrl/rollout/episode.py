@@ -26,7 +26,7 @@ from ..backends.base import GenSession
 from ..repl import ReplSession, ReplStep
 from ..tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from ..types import Line, LineSample, SamplingParams, Trajectory
-from .env import Env
+from .env import Env, limits_from_sampling
 from .transcript import code_of, decode, env_token_ids
 
 SUBMIT = "submit"
@@ -55,10 +55,13 @@ class Episode:
     """Of those, the lines whose successor was kept (the prompt predicted was the interpreter's answer)."""
 
     @classmethod
-    def start(cls, prompt_ids: list[int], task: Task, sampling: SamplingParams) -> Episode:
+    def start(cls, prompt_ids: list[int], env: Env, sampling: SamplingParams) -> Episode:
+        """A new episode after ``prompt_ids``; its trajectory records the sampling and the episode's limits."""
+        rules = env.rules
+        record = {**asdict(sampling), "max_lines": rules.max_lines, "max_total_tokens": rules.max_total_tokens}
         return cls(Trajectory(token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
-                              logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids), text="", task=task.name,
-                              sampling=asdict(sampling)))
+                              logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids), text="",
+                              task=env.task.name, sampling=record))
 
     @property
     def ended(self) -> bool:
@@ -67,23 +70,24 @@ class Episode:
 
 async def run_episode(gen: GenSession, i: int, env: Env, row: dict, prompt_ids: list[int],
                       sampling: SamplingParams) -> Trajectory:
-    """One episode on row ``i`` of the generation session, in ``env`` (its pool, task, rules, rewards)."""
+    """One episode on row ``i`` of the generation session, in ``env`` (its pool, task, rules, rewards); ``sampling``
+    (the session's) is recorded in the trajectory."""
+    env, sampling = limits_from_sampling(env, sampling)
     task, rules = env.task, env.rules
-    ep = Episode.start(prompt_ids, task, sampling)
+    ep = Episode.start(prompt_ids, env, sampling)
     try:
         async with env.pool.acquire() as kernel:  # the pool defines the task's tools (KernelPool(tools=task.tools))
             ep.traj.timing["setup_s"] = await run_setup(kernel, task, row)
             ep.session = ReplSession(kernel, banner="", digest=rules.state_digest)
             if rules.state_digest and ep.traj.timing["setup_s"]:  # the setup's data is part of the first line's state
                 await ep.session.refresh_state()
-            await play(gen, i, ep, env, sampling)
+            await play(gen, i, ep, env)
     finally:
         gen.finish(i)
     return finish_episode(ep, env, row)
 
 
-async def play(gen: GenSession, i: int, ep: Episode, env: Env, sampling: SamplingParams,
-               stop_at: int | None = None) -> None:
+async def play(gen: GenSession, i: int, ep: Episode, env: Env, stop_at: int | None = None) -> None:
     """Generate and execute lines of ``ep`` on row ``i`` of ``gen`` until the episode ends, or (``stop_at``) until
     it has executed ``stop_at`` statements and stands at a ``>>>`` prompt with the next prompt's tokens in ``traj``."""
     session = ep.session
@@ -93,7 +97,7 @@ async def play(gen: GenSession, i: int, ep: Episode, env: Env, sampling: Samplin
         while not ep.ended:
             if stop_at is not None and ep.executed >= stop_at and not session.buffer:
                 return
-            spec = await _play_line(gen, i, ep, env, sampling, spec, speculate=env.rules.speculate and stop_at is None)
+            spec = await _play_line(gen, i, ep, env, spec, speculate=env.rules.speculate and stop_at is None)
     finally:
         if spec is not None and not spec.task.done():  # left by an error or a cancellation: not continued
             spec.task.cancel()
@@ -110,8 +114,8 @@ class _Speculation:
     """The row's context length before them (where a rollback cuts)."""
 
 
-async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, sampling: SamplingParams,
-                     spec: _Speculation | None, speculate: bool) -> _Speculation | None:
+async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, spec: _Speculation | None,
+                     speculate: bool) -> _Speculation | None:
     """One line of ``play``: its sample (``spec``'s, when the line before confirmed it), its execution, its
     environment tokens. Returns the next line's speculation, if one was started and confirmed."""
     tokenizer, rewards, rules = env.tokenizer, env.rewards, env.rules
@@ -136,7 +140,7 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, sampling: S
     at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
     code = code_of(text[:-len(decode(tokenizer, sample.token_ids[-1:]))] if at_eof else text[:-1])
     if speculate and not at_eof:
-        spec = await _speculate(gen, i, ep, env, sampling, code)
+        spec = await _speculate(gen, i, ep, env, code)
     t0 = time.perf_counter()
     try:
         step = await session.feed(code)
@@ -170,12 +174,12 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, sampling: S
         traj.end_reason = "exit"
     elif ep.repeats + 1 >= rules.max_repeats:
         traj.end_reason = "repeat"
-    elif len(traj.lines) >= sampling.max_lines:
+    elif len(traj.lines) >= rules.max_lines:
         traj.end_reason = "max_lines"
     env_ids: list[int] = []
     if not traj.end_reason:
         env_ids = env_token_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
-        if len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens:
+        if len(traj.token_ids) + len(env_ids) + 1 >= rules.max_total_tokens:
             traj.end_reason = "max_tokens"
     if spec is not None:
         if traj.end_reason or env_ids != spec.env_ids:  # printed, raised, closed otherwise, ended: drop it
@@ -192,8 +196,7 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, sampling: S
     return spec
 
 
-async def _speculate(gen: GenSession, i: int, ep: Episode, env: Env, sampling: SamplingParams,
-                     code: str) -> _Speculation | None:
+async def _speculate(gen: GenSession, i: int, ep: Episode, env: Env, code: str) -> _Speculation | None:
     """Start sampling the line after ``code`` (the episode's last line, about to run) after the prompt predicted
     for it, where it is predicted silent and the episode can only end by what running it shows (an answer, an
     error, a crash...), not by a limit known now. None where it is not."""
@@ -205,8 +208,8 @@ async def _speculate(gen: GenSession, i: int, ep: Episode, env: Env, sampling: S
     rules = env.rules
     repeats = ep.repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
     env_ids = env_token_ids(env.tokenizer, "", prompt, rules.max_output_tokens)
-    if (repeats + 1 >= rules.max_repeats or len(traj.lines) + 1 >= sampling.max_lines
-            or len(traj.token_ids) + len(env_ids) + 1 >= sampling.max_total_tokens):
+    if (repeats + 1 >= rules.max_repeats or len(traj.lines) + 1 >= rules.max_lines
+            or len(traj.token_ids) + len(env_ids) + 1 >= rules.max_total_tokens):
         return None
     spec = _Speculation(asyncio.ensure_future(gen.next_line(i, env_ids)), env_ids, len(traj.token_ids))
     await asyncio.sleep(0)  # the request is the session's before the line runs (a rollback then finds it)

@@ -46,7 +46,7 @@ from ..backends.base import GenSession
 from ..repl import ReplSession
 from ..tasks.base import Task
 from ..types import SamplingParams, Trajectory
-from .env import Env
+from .env import Env, limits_from_sampling
 from .episode import Episode, finish_episode, play, run_setup
 from .stats import RolloutStats
 from .transcript import build_prompt, encode
@@ -148,6 +148,7 @@ async def tree_rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: Sam
     tree order), and the statistics (``tree/...``: branch points, replays and how many diverged, replay time per
     line, tokens generated per leaf against the sampled tokens the leaves hold, which is what a flat group of as
     many episodes samples; ``gen_...``: the generation sessions' counters, summed)."""
+    env, sampling = limits_from_sampling(env, sampling)
     tree = _Tree(env, sampling, shape, progress)
     return await tree.run(rows)
 
@@ -180,7 +181,7 @@ class _Tree:
             ids = encode(self.tok, build_prompt(self.tok, self.task.header(row), self.env.chat_template,
                                                    self.env.chat_template_kwargs))
             self.groups.append(_Group(open=self.shape.roots))
-            roots += [_Node(Episode.start(ids, self.task, self.sampling), g, row_index, row, path=(r,))
+            roots += [_Node(Episode.start(ids, self.env, self.sampling), g, row_index, row, path=(r,))
                       for r in range(self.shape.roots)]
         try:
             # the roots' streams are the rows of a flat session: row g * roots + r
@@ -228,7 +229,7 @@ class _Tree:
                     ep.traj.tree_diverged = True
             while True:
                 stop_at = self.shape.branch_at[node.level] if node.level < levels else None
-                await play(node.gen, node.slot, ep, self.env, self.sampling, stop_at=stop_at)
+                await play(node.gen, node.slot, ep, self.env, stop_at=stop_at)
                 if ep.ended:
                     break
                 self._branch(node)

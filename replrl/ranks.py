@@ -1,0 +1,82 @@
+"""``Ranks``: this process's place among a run's processes (``accelerate launch``) and the collectives a step needs:
+dealing items, gathering objects, and the few reductions of flags and figures that keep the ranks deciding alike.
+With one process every one of them is the identity, so a caller needs no branch on the world size."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the processes of a run, and its collectives (identities with one process)."""
+
+    rank: int = 0
+    world: int = 1
+    device: Any = None
+    """Where the reductions run (the accelerator's device)."""
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def share(self, items: Sequence[Any]) -> list[Any]:
+        """This rank's share of ``items`` (every rank holds the same list): items rank, rank + world, ..."""
+        return list(items[self.rank::self.world])
+
+    def owns(self, j: int) -> bool:
+        """Whether the ``j``-th item dealt round-robin is this rank's."""
+        return j % self.world == self.rank
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        """Every rank's ``items``, concatenated in rank order (the list itself with one process)."""
+        if self.world == 1:
+            return items
+        from accelerate.utils import gather_object
+
+        return gather_object(items)
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any process (so all stop together)."""
+        if self.world == 1:
+            return flag
+        return bool(self._reduce([int(flag)], "MAX", "long")[0])
+
+    def all(self, flags: list[bool]) -> list[bool]:
+        """Whether each of ``flags`` holds on every process."""
+        if self.world == 1:
+            return list(flags)
+        return [bool(v) for v in self._reduce([int(f) for f in flags], "MIN", "long")]
+
+    def max(self, values: list[int]) -> list[int]:
+        """The largest of each of ``values`` over the processes."""
+        if self.world == 1:
+            return list(values)
+        return [int(v) for v in self._reduce(values, "MAX", "long")]
+
+    def sum(self, value: float) -> float:
+        """``value`` summed over the processes (in float64)."""
+        if self.world == 1:
+            return value
+        return float(self._reduce([float(value)], "SUM", "float64")[0])
+
+    def sum_and_max(self, value: float, count: int) -> tuple[float, int]:
+        """(the sum of ``value``, the largest ``count``) over the processes, in one collective."""
+        if self.world == 1:
+            return value, count
+        import torch
+
+        mine = torch.tensor([float(value), float(count)], dtype=torch.float64, device=self.device)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        torch.distributed.all_gather(every, mine)
+        return float(sum(float(t[0]) for t in every)), int(max(float(t[1]) for t in every))
+
+    def _reduce(self, values: list[Any], op: str, dtype: str) -> list[Any]:
+        """An all-reduce of ``values`` as a tensor of ``dtype`` ("long", "float64"); ``op``: SUM, MAX or MIN."""
+        import torch
+
+        t = torch.tensor(values, dtype=getattr(torch, dtype), device=self.device)
+        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op))
+        return t.tolist()

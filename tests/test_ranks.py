@@ -1,0 +1,56 @@
+"""``Ranks`` (replrl/ranks.py): with one process every collective is the identity; with two gloo processes on the CPU
+each gives what the trainer's hand-written collectives gave (any, all, max, sum in float64, sum and max in one;
+``gather`` is accelerate's ``gather_object``, which needs an accelerator: tests/test_multiprocess.py runs it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from replrl.ranks import Ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_one_process_needs_no_branch():
+    one = Ranks()
+    assert one.main and one.share([1, 2, 3]) == [1, 2, 3] and one.owns(5) and one.gather(["a"]) == ["a"]
+    assert one.any(True) is True and one.all([True, False]) == [True, False] and one.max([3, 1]) == [3, 1]
+    assert one.sum(2) == 2 and one.sum_and_max(1.5, 4) == (1.5, 4)
+    assert Ranks(1, 2).share([0, 1, 2, 3, 4]) == [1, 3] and Ranks(1, 2).owns(3) and not Ranks(1, 2).main
+
+
+def _two_ranks(rank: int, port: int, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ranks = Ranks(rank, 2, "cpu")
+        got = {"any": ranks.any(rank == 1), "none": ranks.any(False), "all": ranks.all([True, rank == 0]),
+               "max": ranks.max([rank, 5 - rank]), "sum": ranks.sum(0.1 + rank),
+               "sum_and_max": list(ranks.sum_and_max(1.0 + rank, 3 * rank + 1))}
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(got, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_agree(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "got")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_two_ranks, args=(port, out), nprocs=2)
+    for rank in (0, 1):
+        got = json.loads(open(f"{out}.{rank}").read())
+        assert got == {"any": True, "none": False, "all": [True, False], "max": [1, 5], "sum": pytest.approx(1.2),
+                       "sum_and_max": [3.0, 4]}
