@@ -266,6 +266,7 @@ class Trainer:
         if resume:
             self._resume()
         self._gathered = False
+        self._warned_scoring = False  # the held-out output-prediction figures skipped (_held_out_scoring), said once
         """FSDP2 with the hf backend: the whole weights are gathered for the rollouts (``_gather_for_rollouts``)."""
         self._root_ran = False
         """The FSDP root (the prepared scorer) has run a forward, which initialises every unit."""
@@ -819,8 +820,8 @@ class Trainer:
                 return
             finally:
                 self._evaluating = False
-            if self.predict_output.on:  # how well the policy predicts the REPL on problems it never saw
-                with self.accelerator.autocast():
+            if self.predict_output.on and self._held_out_scoring(label):  # how well the policy predicts the REPL
+                with self.accelerator.autocast():                            # on problems it never saw
                     figures[label].update(score_episodes(self.model, episodes, self.tokenizer, self.pad_id,
                                                          self.cfg.optim.micro_batch, self.accelerator.device))
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
@@ -833,6 +834,18 @@ class Trainer:
                 waves.clear()
         for label, got in figures.items():
             self.evals[self._evals_key(label, when or "after")] = got
+
+    def _held_out_scoring(self, label: str) -> bool:
+        """Whether the main rank may score held-out episodes with the policy on its own (the output-prediction
+        figures). Under FSDP2 with a vLLM engine the weights stay sharded (nothing was gathered for rollouts), so a
+        forward on the main rank alone would wait for the other ranks' all-gather forever: skipped, said once."""
+        if not self.fsdp or self._gathered:
+            return True
+        if not self._warned_scoring:
+            log.warning("%s: the held-out output-prediction figures are not computed under FSDP2 with a vLLM engine "
+                        "(the sharded policy cannot score on one rank alone); the training figures are", label)
+            self._warned_scoring = True
+        return False
 
     @staticmethod
     def _evals_key(label: str, when: str) -> str:

@@ -474,9 +474,10 @@ def _rss_mb() -> float:
 
 @needs_root_bwrap
 def test_a_pool_survives_a_soak_of_hostile_episodes_and_leaks_nothing(tmp_path, monkeypatch):
-    """Two rounds (at least 20 s, at most 45 s) of episodes that fork-bomb, allocate, exit, crash, loop, kill their process group, build deep
-    trees and poke at their log; then: no process of the pool's uids, no kernel directory (the pool's own temp
-    directory: other test processes share /tmp), no zygote, no cgroup, no host descriptor or memory growth."""
+    """Two rounds (at least 20 s, at most 45 s) of episodes that fork-bomb, allocate, exit, crash, loop, kill their
+    process group, build deep trees and poke at their log; then: no process of the pool's uids, no kernel directory
+    (the pool's own temp directory: other test processes share /tmp), no zygote, no cgroup, no host descriptor or
+    memory growth."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     soak = Limits(wall_s=1.0, interrupt_grace_s=0.5, uid_base=143000, memory_mb=512)
     before_dirs = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(PREFIX)}
