@@ -566,12 +566,11 @@ def test_predict_output_in_a_train_step_on_the_vllm_backend_leaves_the_samples_a
     bias on "1" and a newline makes the lines print their value: output tokens): from the same weights and seed, the
     step's episodes (tokens, sampled log-probs, loss_mask) are those of a step at weight 0, the output mask never
     touches a sampled token, and the logged term and accuracy are the initial model's over that mask, by hand."""
-    from replrl.advantages import batch_tensors
     from replrl.config import Config
     from replrl.configlib import resolve
     from replrl.metrics import read_metrics
-    from replrl.predict_output import output_mask
     from replrl.trainer import Trainer
+    from tests.test_predict_output import assert_figures_by_hand
 
     model_dir = tmp_path / "model"
     tiny_model(tok, seed=3, head_dim=64).save_pretrained(model_dir)
@@ -606,16 +605,5 @@ def test_predict_output_in_a_train_step_on_the_vllm_backend_leaves_the_samples_a
     assert "loss/predict_output" not in plain_row
     for a, b in zip(plain, trajs, strict=True):
         assert (a.token_ids, a.logprobs, a.loss_mask) == (b.token_ids, b.logprobs, b.loss_mask)
-    b = batch_tensors(trajs, trainer.pad_id)
-    out = output_mask(trajs, tok, b["input_ids"].shape[1])                                   # [B, T]
-    on = out[:, 1:] > 0
-    assert on.sum() > 0 and not (out * b["loss_mask"]).any()
-    initial = tiny_model(tok, seed=3, head_dim=64)
-    with torch.no_grad():
-        logits = initial(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # [B, T, V]
-    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, b["input_ids"][:, 1:, None])[..., 0]         # [B, T-1]
-    assert row["predict_output/tokens"] == float(on.sum())
-    assert row["loss/predict_output"] == pytest.approx(float(nll[on].mean()), rel=1e-5)
-    hits = (logits[:, :-1].argmax(-1) == b["input_ids"][:, 1:])[on].float().mean()
-    assert row["predict_output/accuracy"] == pytest.approx(float(hits), abs=1e-6)
+    assert_figures_by_hand(row, trajs, tok, trainer.pad_id, tiny_model(tok, seed=3, head_dim=64))
     assert row["grad_norm"] != plain_row["grad_norm"], "the term adds to the gradient"

@@ -249,6 +249,23 @@ def test_every_micro_batch_with_output_tokens_runs_its_backward(format_model_dir
     assert stats["backward_skipped_frac"] == 0.75 and stats["grad_norm"] > 0
 
 
+def assert_figures_by_hand(row: dict, trajs: list, tokenizer, pad_id: int, initial: torch.nn.Module) -> None:
+    """A step's logged term, accuracy and token count are ``initial``'s (the policy before the step) over the
+    step's output mask, computed by hand from the full logits; the mask covers output tokens and never a sampled one
+    (also used by tests/test_backend_vllm.py)."""
+    b = batch_tensors(trajs, pad_id)
+    out = output_mask(trajs, tokenizer, b["input_ids"].shape[1])                                   # [B, T]
+    on = out[:, 1:] > 0
+    assert on.sum() > 0 and not (out * b["loss_mask"]).any()
+    with torch.no_grad():
+        logits = initial(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # [B, T, V]
+    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, b["input_ids"][:, 1:, None])[..., 0]         # [B, T-1]
+    assert row["predict_output/tokens"] == float(on.sum())
+    assert row["loss/predict_output"] == pytest.approx(float(nll[on].mean()), rel=1e-5)
+    hits = (logits[:, :-1].argmax(-1) == b["input_ids"][:, 1:])[on].float().mean()
+    assert row["predict_output/accuracy"] == pytest.approx(float(hits), abs=1e-6)
+
+
 class PrintingEchoTask(EchoTask):
     """EchoTask whose setup shadows the submit tool with a function that prints: the format model's ``submit(k)``
     prints ``k * 111`` and the next prompt follows (output tokens on every line), until rollout.max_lines."""
@@ -288,18 +305,8 @@ def test_a_step_with_the_tree_or_state_estimator_learns_the_output_by_hand(forma
     (row,) = read_metrics(tmp_path / "run")
     if estimator == "tree":
         assert row["tree/branch_points"] > 0, "the trees branched: leaves share their first line"
-    b = batch_tensors(trajs, trainer.pad_id)
-    out = output_mask(trajs, trainer.tokenizer, b["input_ids"].shape[1])                # [B, T]
-    on = out[:, 1:] > 0
-    assert on.sum() > 0 and not (out * b["loss_mask"]).any()
     initial = AutoModelForCausalLM.from_pretrained(format_model_dir).float()
-    with torch.no_grad():
-        logits = initial(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # [B, T, V]
-    nll = -logits.log_softmax(-1)[:, :-1].gather(-1, b["input_ids"][:, 1:, None])[..., 0]         # [B, T-1]
-    assert row["predict_output/tokens"] == float(on.sum())
-    assert row["loss/predict_output"] == pytest.approx(float(nll[on].mean()), rel=1e-5)
-    hits = (logits[:, :-1].argmax(-1) == b["input_ids"][:, 1:])[on].float().mean()
-    assert row["predict_output/accuracy"] == pytest.approx(float(hits), abs=1e-6)
+    assert_figures_by_hand(row, trajs, trainer.tokenizer, trainer.pad_id, initial)
     assert row["grad_norm"] > 0
     moved = any(not torch.equal(a, c) for a, c in zip(initial.parameters(), trainer.model.parameters()))
     assert moved
