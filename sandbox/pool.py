@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -48,16 +49,20 @@ class KernelPool:
         self.tools = tuple(tools)
         self.refill = refill
         self.max_boots = max_boots or max(2, os.cpu_count() or 2)
-        self._idle: asyncio.Queue[KernelProcess] = asyncio.Queue()
+        self._idle: collections.deque[KernelProcess] = collections.deque()
         self._starting: set[asyncio.Task] = set()
         self._in_use: set[Kernel] = set()
-        self._waiting = 0  # acquirers waiting for a warm kernel
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        """Acquirers that found no warm kernel, in order; a booted kernel is handed to the first one directly (never
+        through ``_idle``, where a later acquirer could take it and leave this one waiting with no boot on its way)."""
         self._boot_slots: asyncio.Semaphore | None = None
         self._closed = False
         self._zygote = zygote.hold(self.limits) if zygote.fork_server_usable(self.isolation, self.limits) else None
         """The fork server the pool's kernels come from (when usable), held for the pool's life: it would close
         whenever a rollout's last kernel is killed before the refill starts the next (``zygote.release``)."""
         self.failures = 0
+        """Boots that failed so far."""
+        self._failed_in_a_row = 0
         self.boots = 0
         """Kernels started so far (the warm start included)."""
         self.boots_while_busy = 0
@@ -68,7 +73,7 @@ class KernelPool:
         """Start the warm kernels and wait until all of them answer."""
         self._refill()
         await asyncio.gather(*list(self._starting), return_exceptions=True)
-        if self._idle.empty():
+        if not self._idle:
             raise KernelStartError(f"no sandboxed kernel could be started ({self.isolation})")
         return self
 
@@ -83,10 +88,11 @@ class KernelPool:
         for task in list(self._starting):
             task.cancel()
         await asyncio.gather(*list(self._starting), return_exceptions=True)
+        self._fail_waiters(RuntimeError("KernelPool is closed"))
         for kernel in list(self._in_use):
             await kernel.shutdown()
-        while not self._idle.empty():
-            self._idle.get_nowait().kill()
+        while self._idle:
+            self._idle.popleft().kill()
         if self._zygote is not None:
             zygote.release(self._zygote)
             self._zygote = None
@@ -95,7 +101,7 @@ class KernelPool:
     @property
     def warm(self) -> int:
         """Kernels started and idle right now."""
-        return self._idle.qsize()
+        return len(self._idle)
 
     @property
     def in_use(self) -> int:
@@ -106,10 +112,10 @@ class KernelPool:
         """Start what is missing and wait until the pool is back at full strength (``size`` idle kernels)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self._idle.qsize() < self.size and loop.time() < deadline:
+        while len(self._idle) < self.size and loop.time() < deadline:
             self._refill()
             await asyncio.sleep(0.02)
-        return self._idle.qsize() >= self.size
+        return len(self._idle) >= self.size
 
     def fill(self) -> None:
         """Start (in the background) the kernels the pool is short of; returns at once."""
@@ -117,7 +123,7 @@ class KernelPool:
 
     # -- kernels ---------------------------------------------------------------------------------------------
     def _refill(self) -> None:
-        while not self._closed and self._idle.qsize() + len(self._starting) < self.size:
+        while not self._closed and len(self._idle) + len(self._starting) < self.size:
             self._boot()
 
     def _boot(self) -> None:
@@ -126,41 +132,82 @@ class KernelPool:
         task.add_done_callback(self._starting.discard)
 
     async def _start_one(self) -> None:
-        if self._boot_slots is None:  # made on the running loop
-            self._boot_slots = asyncio.Semaphore(self.max_boots)
-        async with self._boot_slots:
+        """Boot one kernel and hand it to the first waiting acquirer (else it waits in ``_idle``). This boot leaves
+        ``_starting`` before anything counts the boots on their way (a boot that still counted itself there would
+        start one too few). A failed boot is retried for the acquirers still waiting; after ``3 * size`` failures in
+        a row they get the error instead (the sandbox cannot start kernels: an acquire fails, it never hangs)."""
+        proc, error = None, None
+        try:
+            if self._boot_slots is None:  # made on the running loop
+                self._boot_slots = asyncio.Semaphore(self.max_boots)
+            async with self._boot_slots:
+                if self._closed:
+                    return
+                self.boots += 1
+                self.boots_while_busy += bool(self._in_use)
+                try:
+                    proc = await KernelProcess(self.limits, self.isolation, nice=BOOT_NICE if is_root() else 0).start()
+                    self._failed_in_a_row = 0
+                except KernelStartError as err:
+                    self.failures += 1
+                    self._failed_in_a_row += 1
+                    log.warning("%s", err)
+                    error = err
+                    if self._failed_in_a_row <= 3 * self.size:
+                        await asyncio.sleep(min(0.1 * self._failed_in_a_row, 2.0))
+        finally:
+            self._starting.discard(asyncio.current_task())
+        if proc is not None:
             if self._closed:
-                return
-            self.boots += 1
-            self.boots_while_busy += bool(self._in_use)
-            try:
-                proc = await KernelProcess(self.limits, self.isolation, nice=BOOT_NICE if is_root() else 0).start()
-            except KernelStartError as err:
-                self.failures += 1
-                log.warning("%s", err)
-                if self.failures > 3 * self.size:
-                    raise
-                await asyncio.sleep(min(0.1 * self.failures, 2.0))
-                return self._refill() if self.refill == "eager" or not self._in_use else self._for_waiters()
-        if self._closed:
-            proc.kill()
+                proc.kill()
+            else:
+                self._hand(proc)
+        elif error is not None and self._failed_in_a_row > 3 * self.size:
+            self._fail_waiters(error)
         else:
-            self._idle.put_nowait(proc)
+            if self.refill == "eager" or not self._in_use:
+                self._refill()
+            self._for_waiters()
+
+    def _hand(self, proc: KernelProcess) -> None:
+        """``proc`` to the first acquirer still waiting, else to the warm set."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(proc)
+                return
+        self._idle.append(proc)
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
 
     def _for_waiters(self) -> None:
-        """Start a kernel for each acquirer that finds none warm and none on its way."""
-        while not self._closed and self._idle.qsize() + len(self._starting) < self._waiting:
+        """Start a kernel for each waiting acquirer that has none on its way."""
+        waiting = sum(not w.done() for w in self._waiters)
+        while not self._closed and len(self._starting) < waiting:
             self._boot()
 
     async def _take(self) -> KernelProcess:
         """A warm process (starting one if none is warm); in "eager" mode the pool refills behind it."""
         while True:
-            self._waiting += 1
-            try:
+            if self._idle:
+                proc = self._idle.popleft()
+            else:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
                 self._for_waiters()
-                proc = await self._idle.get()
-            finally:
-                self._waiting -= 1
+                try:
+                    proc = await waiter
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled():  # handed over as this acquirer was cancelled
+                        self._hand(waiter.result())
+                    else:
+                        with contextlib.suppress(ValueError):
+                            self._waiters.remove(waiter)
+                    raise
             if self.refill == "eager":
                 self._refill()
             if proc.alive:

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from sandbox import KernelPool, Limits, run_sync
+from sandbox.kernel import KernelProcess, KernelStartError
 from sandbox.limits import is_root
 
 LIMITS = Limits(wall_s=5.0, uid_base=150000)
@@ -82,9 +83,8 @@ def test_kernels_boot_at_low_priority_and_run_at_the_hosts():
     async def main() -> None:  # kernels that boot a Python of their own (a fork of the fork server is cheap: nice 0)
         async with KernelPool(size=1, limits=dataclasses.replace(LIMITS, fork_server=False)) as pool:
             host = os.nice(0)
-            warm = await pool._idle.get()
+            warm = pool._idle[0]
             assert niceness_of_uid(warm.uid) == {host + 10}  # booted (and waiting) 10 below the host's priority
-            pool._idle.put_nowait(warm)
             async with pool.acquire() as kernel:
                 assert (await kernel.execute("import os; print(os.nice(0))")).output == f"{host}\n"
                 assert niceness_of_uid(kernel._proc.uid) == {host}
@@ -110,3 +110,66 @@ def test_kernels_are_released_when_the_hosts_descriptors_run_above_1023():
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An acquire never waits forever: a boot that fails or a kernel taken by a later acquire leaves no waiter behind.
+# (Real kernels; the hook only wraps KernelProcess.start to make the one moment happen on purpose.)
+
+
+async def one_episode(pool: KernelPool) -> str:
+    async with pool.acquire() as kernel:
+        return (await kernel.execute("6 * 7", mode="single")).output
+
+
+def test_an_acquire_whose_boot_fails_gets_the_next_one(monkeypatch):
+    real, fail = KernelProcess.start, [True]
+
+    async def start(self: KernelProcess) -> KernelProcess:
+        if fail:  # the first boot after the warm start fails, as one does under load (a 60 s start timeout)
+            fail.pop()
+            self.kill()
+            raise KernelStartError("sandboxed kernel did not start (injected)")
+        return await real(self)
+
+    async def main() -> None:
+        async with KernelPool(size=1, limits=LIMITS) as pool:
+            monkeypatch.setattr(KernelProcess, "start", start)
+            async with pool.acquire():  # the warm kernel is in use: the next acquire boots its own
+                assert await asyncio.wait_for(one_episode(pool), 90) == "42\n"
+            assert not fail and pool.failures == 1
+    run_sync(main())
+
+
+def test_a_kernel_taken_by_a_later_acquire_while_a_boot_hands_it_over_leaves_no_waiter_behind(monkeypatch):
+    real, hook, late = KernelProcess.start, [], []
+
+    async def start(self: KernelProcess) -> KernelProcess:
+        proc = await real(self)
+        if hook:  # an acquire that starts in the same turn of the loop as this boot's hand-over
+            late.append(asyncio.ensure_future(one_episode(hook.pop())))
+        return proc
+
+    async def main() -> None:
+        async with KernelPool(size=1, limits=LIMITS) as pool:
+            monkeypatch.setattr(KernelProcess, "start", start)
+            async with pool.acquire():  # the warm kernel is in use: nothing refills, each acquire boots its own
+                hook.append(pool)
+                first = await asyncio.wait_for(asyncio.gather(one_episode(pool), one_episode(pool)), 90)
+                assert late, "the hook did not run"
+                assert first + [await asyncio.wait_for(late[0], 90)] == ["42\n"] * 3
+    run_sync(main())
+
+
+def test_persistent_boot_failures_reach_the_acquire_as_an_error(monkeypatch):
+    async def start(self: KernelProcess) -> KernelProcess:
+        self.kill()
+        raise KernelStartError("sandboxed kernel did not start (injected)")
+
+    async def main() -> None:
+        async with KernelPool(size=1, limits=LIMITS) as pool:
+            monkeypatch.setattr(KernelProcess, "start", start)
+            async with pool.acquire():
+                with pytest.raises(KernelStartError, match="injected"):
+                    await asyncio.wait_for(one_episode(pool), 90)
+    run_sync(main())
