@@ -539,9 +539,35 @@ def _reap_strays(me):
     return killed
 
 
+def _short_ipc_path(argv):
+    """Where the kernel binds its sockets, ``/proc/self/fd/N/k`` (a descriptor of the socket directory), when the
+    connection file's ``ip`` path is too long for a unix socket (108 bytes with the ``-N`` suffix: a deep temp
+    directory); None when it fits. The host reaches the same directory through a descriptor of its own."""
+    try:
+        with open(argv[argv.index("-f") + 1]) as f:
+            info = json.load(f)
+    except (ValueError, IndexError, OSError):
+        return None
+    if info.get("transport") != "ipc" or len(info.get("ip", "").encode()) + 3 <= 100:
+        return None
+    head, name = os.path.split(info["ip"])
+    fd = os.open(head, os.O_PATH | os.O_DIRECTORY)  # held for the kernel's life: its sockets live there
+    return f"/proc/self/fd/{fd}/{name}"
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     app = IPKernelApp.instance(kernel_class=ReplKernel, capture_fd_output=False, quiet=True)
-    app.initialize(sys.argv[1:] if argv is None else argv)
+    short = _short_ipc_path(argv)
+    if short is not None:  # the connection file's ip is read in initialize(): the short one replaces it there
+        load = app.load_connection_file
+
+        def load_then_shorten(*args, **kwargs):
+            load(*args, **kwargs)
+            app.ip = short
+        app.load_connection_file = load_then_shorten
+        app.write_connection_file = lambda **kwargs: None  # the host's file stands (and is read-only here)
+    app.initialize(argv)
     sys.stdout = sys.stderr = app.kernel.capture
     _apply_limits(_CFG.get("rlimits", {}))
     app.start()

@@ -367,3 +367,21 @@ def test_a_directory_a_dying_kernel_wrote_into_keeps_its_lock_for_the_next_reap(
     assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(kdir), os.path.basename(kdir) + ".lock"])
     assert kernel_dirs.reap_stale_kernel_dirs(str(tmp_path)) == [kdir]
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "booted"])
+def test_a_kernel_starts_in_a_temp_directory_too_deep_for_a_unix_socket_path(tmp_path, monkeypatch, fork_server):
+    """A unix socket's path holds 107 bytes: a kernel in ``<90 characters>/replrl-kernel-XXXXXXXX/sock/k-1`` binds
+    its sockets through a descriptor of the directory instead (pytest's ``pytest-116`` made CI's paths too long)."""
+    import tempfile
+
+    deep = str(tmp_path) + "/" + "d" * max(1, 90 - len(str(tmp_path)) - 1)
+    os.mkdir(deep)
+    monkeypatch.setattr(tempfile, "tempdir", deep)
+    assert len(os.path.join(deep, "replrl-kernel-XXXXXXXX", "sock", "k-1")) > 107
+
+    async def main() -> None:
+        async with Kernel(Limits(wall_s=5.0, fork_server=fork_server)) as kernel:
+            assert (await kernel.execute("6 * 7", mode="single")).output == "42\n"
+            assert any(name.startswith("replrl-kernel-") for name in os.listdir(deep))  # it is there, not elsewhere
+    run_sync(main())
