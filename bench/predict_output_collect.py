@@ -40,9 +40,17 @@ def steps_to_threshold(rows: Sequence[dict[str, Any]], threshold: float = THRESH
 
 
 def at_step(rows: Sequence[dict[str, Any]], key: str, step: int) -> float:
-    """The value of ``key`` logged at ``step`` (the last such row), NaN if none."""
-    found = [r[key] for r in rows if r.get("step") == step and key in r]
-    return float(found[-1]) if found else math.nan
+    """The value of ``key`` logged at ``step`` (the last such row), NaN if none. An output-prediction figure over
+    no output tokens is NaN too (runs before 2026-11-28 logged it as 0: the episodes printed nothing)."""
+    found = [r for r in rows if r.get("step") == step and key in r]
+    if not found:
+        return math.nan
+    row = found[-1]
+    if "predict_output" in key and not key.endswith("/tokens"):
+        prefix = key.split("/")[0] + "/" if key.startswith("eval") else ""
+        if row.get(prefix + "predict_output/tokens", 1.0) == 0:
+            return math.nan
+    return float(row[key])
 
 
 def fmt(m: float, lo: float, hi: float, digits: int = 1, scale: float = 1.0) -> str:
@@ -78,19 +86,20 @@ def report(variants: dict[str, list[RunData]], baseline: str, threshold: float) 
                     if "eval/accuracy" in r})
     for key, label in (("eval/accuracy", "held-out accuracy, level 1"),
                        ("eval_level2/accuracy", "held-out accuracy, level 2"),
+                       ("eval/predict_output/tokens", "held-out output tokens scored (all 50 episodes)"),
                        ("eval/predict_output/accuracy", "held-out output-prediction accuracy"),
                        ("eval/loss/predict_output", "held-out output cross-entropy (nats)")):
-        pct = "accuracy" in key
+        pct, count = "accuracy" in key, key.endswith("/tokens")
         out += ["", f"**{label}** ({'%, ' if pct else ''}mean over seeds [95% t]; difference to control paired by "
                 "seed):", "", "| variant | " + " | ".join(f"step {s}" for s in steps) + " |",
                 "|---|" + "---|" * len(steps)]
         for name, runs in variants.items():
             cells = [fmt(*mean_ci([at_step(r.rows, key, s) for r in runs]), scale=100 if pct else 1,
-                         digits=1 if pct else 3) for s in steps]
+                         digits=1 if pct else 0 if count else 3) for s in steps]
             out.append(f"| `{name}` | " + " | ".join(cells) + " |")
             if name != baseline:
                 cells = [fmt(*paired(runs, control, lambda r, s=s, key=key: at_step(r.rows, key, s))[:3],
-                             scale=100 if pct else 1, digits=1 if pct else 3) for s in steps]
+                             scale=100 if pct else 1, digits=1 if pct else 0 if count else 3) for s in steps]
                 out.append(f"| `{name}` - control | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

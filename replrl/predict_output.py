@@ -165,10 +165,8 @@ class OutputPrediction:
         if not self.on:
             return {}
         nll, hits, tokens = (self._sum_over_ranks(v) for v in (self._nll, self._hits, self._n))
-        n = max(tokens, 1.0)
-        out = {"loss/predict_output": nll / n, "predict_output/accuracy": hits / n, "predict_output/tokens": tokens}
         self._nll = self._hits = self._n = 0.0
-        return out
+        return _figures(nll, hits, tokens)
 
 
 @torch.no_grad()
@@ -192,5 +190,14 @@ def score_episodes(model: torch.nn.Module, trajectories: Sequence[Trajectory], t
         _, _, (ce, hit) = scorer(ids, att, SamplingParams(), loss_mask=torch.zeros_like(out), with_entropy=False,
                                  output_mask=out, output_grad=False)
         nll, hits, n = nll + float(ce.sum()), hits + float(hit.sum()), n + float(out.sum())
-    return {"loss/predict_output": nll / max(n, 1.0), "predict_output/accuracy": hits / max(n, 1.0),
-            "predict_output/tokens": n}
+    return _figures(nll, hits, n)
+
+
+def _figures(nll: float, hits: float, tokens: float) -> dict[str, float]:
+    """The logged figures of ``tokens`` output tokens. With none (the episodes printed nothing: a trained model
+    often writes only ``submit(...)``) there is no cross-entropy or accuracy to report, only the count: a 0 there
+    would read as "predicts nothing right"."""
+    if not tokens:
+        return {"predict_output/tokens": 0.0}
+    return {"loss/predict_output": nll / tokens, "predict_output/accuracy": hits / tokens,
+            "predict_output/tokens": tokens}

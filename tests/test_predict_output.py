@@ -345,6 +345,24 @@ class ScriptedSession:
         pass
 
 
+def test_episodes_that_printed_nothing_log_no_output_prediction_figure_only_the_count(format_model_dir, probe,
+                                                                                     tmp_path):
+    """The toy model submits at its first line: no output tokens. The update and the held-out scoring log
+    ``predict_output/tokens`` 0 and no cross-entropy or accuracy (a 0 there would read as "predicts nothing")."""
+    from replrl.predict_output import output_mask, score_episodes
+    from replrl.trainer import Trainer
+
+    trainer = Trainer(toy_config(format_model_dir, predict_output_metrics=True), tmp_path, progress=False)
+    b = batch_tensors(probe, trainer.pad_id)
+    b["output_mask"] = output_mask(probe, trainer.tokenizer, b["input_ids"].shape[1])
+    assert not b["output_mask"].any()
+    stats = trainer.update(b, b["loss_mask"] * 0.5)
+    assert stats["predict_output/tokens"] == 0 and math.isfinite(stats["loss"])
+    assert "loss/predict_output" not in stats and "predict_output/accuracy" not in stats
+    scored = score_episodes(trainer.model, probe, trainer.tokenizer, trainer.pad_id, 4, "cpu")
+    assert scored == {"predict_output/tokens": 0.0}
+
+
 @pytest.fixture(scope="module")
 def episode():
     from replrl.config import RewardConfig
