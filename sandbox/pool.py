@@ -202,8 +202,8 @@ class KernelPool:
                 try:
                     proc = await waiter
                 except asyncio.CancelledError:
-                    if waiter.done() and not waiter.cancelled():  # handed over as this acquirer was cancelled
-                        self._hand(waiter.result())
+                    if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                        self._hand(waiter.result())  # handed over as this acquirer was cancelled: to the next one
                     else:
                         with contextlib.suppress(ValueError):
                             self._waiters.remove(waiter)

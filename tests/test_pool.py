@@ -173,3 +173,18 @@ def test_persistent_boot_failures_reach_the_acquire_as_an_error(monkeypatch):
                 with pytest.raises(KernelStartError, match="injected"):
                     await asyncio.wait_for(one_episode(pool), 90)
     run_sync(main())
+
+
+def test_a_cancelled_acquire_leaves_its_kernel_to_the_next_one():
+    async def main() -> None:
+        async with KernelPool(size=1, limits=LIMITS) as pool:
+            async with pool.acquire():  # the warm kernel is in use: the next acquire boots its own
+                waiting = asyncio.ensure_future(one_episode(pool))
+                await asyncio.sleep(0.05)
+                assert pool.boots == 2  # its boot is on its way
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                assert await asyncio.wait_for(one_episode(pool), 90) == "42\n"
+                assert pool.boots == 2, "the cancelled acquire's kernel went to the next one, not a new boot"
+    run_sync(main())
