@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .configlib import ConfigError
+
 CKPT_DIR = "checkpoints"
 LATEST = "LATEST"
 MODEL_DIR = "model"
@@ -296,6 +298,35 @@ def model_step(path: str | Path) -> int | None:
         return int(json.loads((Path(path) / MODEL_INFO).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+class RunDirError(ConfigError):
+    """The run directory holds a different run (or nothing to resume)."""
+
+
+def claim_run_dir(run_dir: Path, config: str, resume: bool, ranks: Any) -> None:
+    """Check that ``run_dir`` can take this run, then (the main process) write its ``config.toml`` (``config``).
+
+    Resuming, it must hold a complete checkpoint; a new run, no other run (a ``config.toml`` that differs, or any
+    checkpoint). Every rank looks before any rank writes, and they agree (``ranks.any``, a collective, is the
+    barrier between): a rank that read ``config.toml`` while the main process was writing it saw half a file and
+    refused the run alone, and the others waited for it at their next collective until gloo dropped the pair."""
+    saved = run_dir / "config.toml"
+    if resume:
+        problem = None if latest(run_dir) else f"nothing to resume in {str(run_dir)!r}: it has no complete checkpoint"
+    elif saved.exists() and (saved.read_text() != config or latest(run_dir)):
+        problem = (f"run directory {str(run_dir)!r} already holds a different run: continue it with --resume, or "
+                   "pass another --run-dir")
+    else:
+        problem = None
+    if ranks.any(problem is not None):
+        raise RunDirError(problem or f"another process refused the run directory {str(run_dir)!r}")
+    if resume:
+        return
+    if ranks.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(saved, config)
+    ranks.any(False)  # a barrier: no rank goes on before config.toml is there
 
 
 def latest(run_dir: Path) -> Path | None:

@@ -44,6 +44,7 @@ from .advantages import (
     line_advantage_stats,
 )
 from .backends import close_generator, open_generator, sleep_generator, wake_generator
+from .checkpoint import RunDirError  # noqa: F401  (importable from here, as before)
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
 from .contract import TokenMasks, token_masks
@@ -119,10 +120,6 @@ class NullMetrics:
         pass
 
 
-class RunDirError(ConfigError):
-    """The run directory holds a different run (or nothing to resume)."""
-
-
 @dataclass
 class StepResult:
     step: int
@@ -187,7 +184,8 @@ class Trainer:
                               "@replrl.advantages.advantage_estimator before training)")
         if self.main:
             check_trackers(cfg.run.report_to)  # a tracker not installed: one line now, before any work
-        self._check_run_dir(resume)
+        self.ranks = Ranks(self.rank, self.world, self.accelerator.device)
+        checkpoint.claim_run_dir(self.run_dir, to_toml(cfg), resume, self.ranks)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         self.task = task if task is not None else task_from_config(cfg)
@@ -261,7 +259,6 @@ class Trainer:
         """loss.predict_output: the cross-entropy on the interpreter's output tokens (off: nothing added)."""
         self.step = 0
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
-        self.ranks = Ranks(self.rank, self.world, self.accelerator.device)
         self._resumed = resume
         if resume:
             self._resume()
@@ -292,20 +289,6 @@ class Trainer:
         self.curves: Path | None = None
 
     # -- set-up ----------------------------------------------------------------------------------------------
-    def _check_run_dir(self, resume: bool) -> None:
-        saved = self.run_dir / "config.toml"
-        if resume:
-            if checkpoint.latest(self.run_dir) is None:
-                raise RunDirError(f"nothing to resume in {str(self.run_dir)!r}: it has no complete checkpoint")
-            return
-        if saved.exists() and (saved.read_text() != to_toml(self.cfg) or checkpoint.latest(self.run_dir)):
-            raise RunDirError(f"run directory {str(self.run_dir)!r} already holds a different run: continue it with "
-                              "--resume, or pass another --run-dir")
-        if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.toml").write_text(to_toml(self.cfg))
-        self.accelerator.wait_for_everyone()
-
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir)
         assert path is not None

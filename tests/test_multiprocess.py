@@ -69,6 +69,23 @@ def test_ddp_update_over_two_processes_equals_one_process_over_the_whole_batch(f
         torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
 
+def test_every_rank_looks_at_the_run_directory_before_the_main_process_writes_its_config(tmp_path):
+    """tests/run_dir_claim.py: rank 0 writes config.toml slowly and visibly, rank 1 looks 0.5 s later; both accept
+    the new run and the file is whole (a rank that looked mid-write refused the run alone: CI's one failure of the
+    dynamic-sampling test below). A directory with another run, or nothing to resume, is refused by both ranks alike
+    (neither waits for the other at a barrier)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    done = subprocess.run(accelerate_launch("-m", "tests.run_dir_claim", str(tmp_path)), capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcomes = [json.loads((tmp_path / f"outcome.rank{k}.json").read_text()) for k in (0, 1)]
+    for outcome in outcomes:
+        assert outcome["race"] == "ok" and outcome["race_config"], outcome
+        assert outcome["other"].startswith("RunDirError: ") and "already holds a different run" in outcome["other"]
+        assert "nothing to resume" in outcome["nothing"]
+    assert outcomes[0] == outcomes[1]
+
+
 @pytest.mark.parametrize("split", ["strided", "uneven"])
 def test_ddp_update_with_predict_output_equals_one_process(format_model_dir, tmp_path, split):
     """loss.predict_output 0.5 under DDP (tests/ddp_update.py's extra "po": 6 output tokens on rank 0's rows, 16 on
