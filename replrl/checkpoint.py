@@ -319,8 +319,7 @@ def claim_run_dir(run_dir: Path, config: str, resume: bool, ranks: Any) -> None:
                    "pass another --run-dir")
     else:
         problem = None
-    if ranks.any(problem is not None):
-        raise RunDirError(problem or f"another process refused the run directory {str(run_dir)!r}")
+    ranks.agree(RunDirError(problem) if problem else None)
     if resume:
         return
     if ranks.main:

@@ -122,13 +122,21 @@ TABLE_COLUMNS = ["step", "eval", "row", "code", "output", "reward", "rewards", "
 
 def check_trackers(names: Sequence[str]) -> None:
     """A tracker of run.report_to that is not installed: one ConfigError line, before any work."""
+    error = missing_trackers(names)
+    if error is not None:
+        raise error
+
+
+def missing_trackers(names: Sequence[str]) -> ConfigError | None:
+    """The error ``check_trackers`` raises, or None when every tracker of ``names`` is installed."""
     import importlib.util
 
     missing = [n for n in names if importlib.util.find_spec(TRACKER_PACKAGES[n]) is None]
-    if missing:
-        raise ConfigError(f"run.report_to names {', '.join(missing)}, which is not installed: pip install "
-                          f"{' '.join(TRACKER_PACKAGES[n] for n in missing)} (or 'replrl[trackers]'), or drop it "
-                          "from run.report_to")
+    if not missing:
+        return None
+    return ConfigError(f"run.report_to names {', '.join(missing)}, which is not installed: pip install "
+                       f"{' '.join(TRACKER_PACKAGES[n] for n in missing)} (or 'replrl[trackers]'), or drop it from "
+                       "run.report_to")
 
 
 def open_trackers(names: Sequence[str], run_dir: str | Path, project: str = "replrl",

@@ -44,6 +44,23 @@ class Ranks:
             return flag
         return bool(self._reduce([int(flag)], "MAX", "long")[0])
 
+    def agree(self, error: Exception | None) -> None:
+        """Raise on every process if any process has an ``error`` (a user error, such as a ``ConfigError``, that
+        this process found and the others may not have): its own, else the lowest rank's, as the same class and
+        message. So every rank stops with the same one line, instead of the others waiting for it at their next
+        collective until gloo or NCCL drops the pair with a traceback."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            every: list[Any] = [None] * self.world
+            dist.all_gather_object(every, None if error is None else (type(error), str(error)))
+            found = [e for e in every if e is not None]
+            if error is None and found:
+                cls, message = found[0]
+                error = cls(message)
+        if error is not None:
+            raise error
+
     def all(self, flags: list[bool]) -> list[bool]:
         """Whether each of ``flags`` holds on every process."""
         if self.world == 1:

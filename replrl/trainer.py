@@ -52,7 +52,7 @@ from .draw import Drawn, ProblemStream, draw_step
 from .dynamic_sampling import WAVE_SEED_STRIDE, group_has_contrast
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
 from .loss import TokenScorer, agg_units, grpo_loss, masked_mean
-from .metrics import EvalWaves, MetricsWriter, check_trackers, open_trackers
+from .metrics import EvalWaves, MetricsWriter, missing_trackers, open_trackers
 from .policy import (
     apply_lora_config,
     check_distributed,
@@ -182,9 +182,9 @@ class Trainer:
             raise ConfigError(f"advantages.estimator: unknown estimator {cfg.advantages.estimator!r}; known: "
                               f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} (register yours with "
                               "@replrl.advantages.advantage_estimator before training)")
-        if self.main:
-            check_trackers(cfg.run.report_to)  # a tracker not installed: one line now, before any work
         self.ranks = Ranks(self.rank, self.world, self.accelerator.device)
+        # a tracker not installed: one line now, before any work, on every rank (only the main process reports)
+        self.ranks.agree(missing_trackers(cfg.run.report_to) if self.main else None)
         checkpoint.claim_run_dir(self.run_dir, to_toml(cfg), resume, self.ranks)
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)

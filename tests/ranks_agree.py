@@ -1,7 +1,8 @@
-"""Two ranks claim run directories at once (``checkpoint.claim_run_dir``), as every rank of ``replrl train`` does at
-start; tests/test_multiprocess.py launches it with ``accelerate launch --multi_gpu --num_processes 2`` (gloo, CPU).
+"""Two ranks decide alike at start: they claim run directories at once (``checkpoint.claim_run_dir``), as every rank
+of ``replrl train`` does, and stop together on an error one of them found (``Ranks.agree``);
+tests/test_multiprocess.py launches it with ``accelerate launch --multi_gpu --num_processes 2`` (gloo, CPU).
 
-    accelerate launch --multi_gpu --num_processes 2 -m tests.run_dir_claim ROOT
+    accelerate launch --multi_gpu --num_processes 2 -m tests.ranks_agree ROOT
 
 Each rank writes ROOT/outcome.rank<k>.json: for each case, "ok" or the error's class and message.
 
@@ -11,6 +12,7 @@ Each rank writes ROOT/outcome.rank<k>.json: for each case, "ok" or the error's c
   at the next barrier until gloo dropped the pair). Both ranks must accept it.
 - "other": the directory holds a different run's config: both ranks refuse it, with the same message.
 - "nothing": resuming a directory without a checkpoint: both ranks refuse it.
+- "agree_0", "agree_1": only rank 0 (then only rank 1) has a ConfigError: both ranks raise it, with its message.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from replrl import checkpoint
+from replrl.configlib import ConfigError
 from replrl.ranks import Ranks
 
 CONFIG = "[run]\nseed = 0\n" + "".join(f"# line {i} of a config long enough to be written in two parts\n"
@@ -66,6 +69,13 @@ def main(root: Path) -> None:
     dist.barrier()
     outcome["other"] = claim(ranks, other)
     outcome["nothing"] = claim(ranks, root / "race", resume=True)
+
+    for k in (0, 1):
+        try:
+            ranks.agree(ConfigError(f"found by rank {k} only") if ranks.rank == k else None)
+            outcome[f"agree_{k}"] = "ok"
+        except ConfigError as err:
+            outcome[f"agree_{k}"] = f"{type(err).__name__}: {err}"
 
     (root / f"outcome.rank{ranks.rank}.json").write_text(json.dumps(outcome))
     dist.barrier()

@@ -4,6 +4,7 @@ process writes, and resume continues both ranks. Settings replrl does not train 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -69,21 +70,37 @@ def test_ddp_update_over_two_processes_equals_one_process_over_the_whole_batch(f
         torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
 
-def test_every_rank_looks_at_the_run_directory_before_the_main_process_writes_its_config(tmp_path):
-    """tests/run_dir_claim.py: rank 0 writes config.toml slowly and visibly, rank 1 looks 0.5 s later; both accept
+def test_ranks_look_at_the_run_directory_before_the_main_process_writes_and_stop_together(tmp_path):
+    """tests/ranks_agree.py: rank 0 writes config.toml slowly and visibly, rank 1 looks 0.5 s later; both accept
     the new run and the file is whole (a rank that looked mid-write refused the run alone: CI's one failure of the
-    dynamic-sampling test below). A directory with another run, or nothing to resume, is refused by both ranks alike
-    (neither waits for the other at a barrier)."""
+    dynamic-sampling test below). A directory with another run, or nothing to resume, is refused by both ranks with
+    the same message; an error only one rank found stops both with its message (neither waits for the other)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    done = subprocess.run(accelerate_launch("-m", "tests.run_dir_claim", str(tmp_path)), capture_output=True,
+    done = subprocess.run(accelerate_launch("-m", "tests.ranks_agree", str(tmp_path)), capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     outcomes = [json.loads((tmp_path / f"outcome.rank{k}.json").read_text()) for k in (0, 1)]
     for outcome in outcomes:
         assert outcome["race"] == "ok" and outcome["race_config"], outcome
-        assert outcome["other"].startswith("RunDirError: ") and "already holds a different run" in outcome["other"]
-        assert "nothing to resume" in outcome["nothing"]
+        assert outcome["other"].startswith("RunDirError: run directory ")
+        assert "already holds a different run" in outcome["other"]
+        assert outcome["nothing"].startswith("RunDirError: nothing to resume in ")
+        assert outcome["agree_0"] == "ConfigError: found by rank 0 only"
+        assert outcome["agree_1"] == "ConfigError: found by rank 1 only"
     assert outcomes[0] == outcomes[1]
+
+
+def test_a_tracker_missing_on_the_main_process_stops_every_rank_with_its_one_line(format_model_dir, tmp_path):
+    """Only the main process reports to trackers, so only it checks them; the other rank stops with the same line
+    instead of a gloo traceback ("Connection closed by peer") at its next collective."""
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here: the test needs a tracker that is not")
+    done = launch("--run-dir", str(tmp_path / "run"), "--model.name", str(format_model_dir), "--run.report_to",
+                  "wandb", "--run.eval_n", "0")
+    assert done.returncode != 0
+    line = "replrl train: error: ConfigError: run.report_to names wandb, which is not installed"
+    assert done.stderr.count(line) == 2, done.stderr[-3000:]
+    assert "Connection closed by peer" not in done.stderr and "[rank1]: Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("split", ["strided", "uneven"])
