@@ -64,3 +64,12 @@ def test_the_readme_is_a_front_page() -> None:
               or ".md#" in t}
     manual = {p.resolve() for p in (ROOT / "docs").glob("*.md")}
     assert manual <= linked, sorted(str(p.relative_to(ROOT)) for p in manual - linked)  # every manual page linked
+
+
+def test_the_benchmarks_page_names_every_bench_script() -> None:
+    """docs/benchmarks.md is the index of bench/: a script it does not name is one a reader cannot find."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    scripts = sorted(p.name for p in (ROOT / "bench").iterdir()
+                     if p.suffix in (".py", ".sh") and p.name != "__init__.py")
+    assert scripts, "bench/ has no scripts"
+    assert [s for s in scripts if f"`{s}`" not in page and f"bench/{s}" not in page] == []
