@@ -308,7 +308,7 @@ def claim_run_dir(run_dir: Path, config: str, resume: bool, ranks: Any) -> None:
     """Check that ``run_dir`` can take this run, then (the main process) write its ``config.toml`` (``config``).
 
     Resuming, it must hold a complete checkpoint; a new run, no other run (a ``config.toml`` that differs, or any
-    checkpoint). Every rank looks before any rank writes, and they agree (``ranks.any``, a collective, is the
+    checkpoint). Every rank looks before any rank writes, and they agree (``ranks.agree``, a collective, is the
     barrier between): a rank that read ``config.toml`` while the main process was writing it saw half a file and
     refused the run alone, and the others waited for it at their next collective until gloo dropped the pair."""
     saved = run_dir / "config.toml"
