@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .configlib import ConfigError
+from .ranks import Ranks
 
 CKPT_DIR = "checkpoints"
 LATEST = "LATEST"
@@ -304,7 +305,7 @@ class RunDirError(ConfigError):
     """The run directory holds a different run (or nothing to resume)."""
 
 
-def claim_run_dir(run_dir: Path, config: str, resume: bool, ranks: Any) -> None:
+def claim_run_dir(run_dir: Path, config: str, resume: bool, ranks: Ranks) -> None:
     """Check that ``run_dir`` can take this run, then (the main process) write its ``config.toml`` (``config``).
 
     Resuming, it must hold a complete checkpoint; a new run, no other run (a ``config.toml`` that differs, or any
