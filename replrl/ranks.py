@@ -61,6 +61,18 @@ class Ranks:
         if error is not None:
             raise error
 
+    def close(self) -> None:
+        """The end of a run that finished on every process: wait for every rank, then tear the process group down
+        while the interpreter is whole. Left to the interpreter's exit, gloo's worker threads can outlive the objects
+        they hold, and a process that finished its work still dies by SIGABRT ("terminate called without an active
+        exception"); a rank that exits while its peer is still in the last collective breaks that peer's pair. Not
+        for a failing run: a rank that raised never arrives at the barrier. A no-op with one process."""
+        import torch.distributed as dist
+
+        if self.world > 1 and dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     def all(self, flags: list[bool]) -> list[bool]:
         """Whether each of ``flags`` holds on every process."""
         if self.world == 1:

@@ -165,7 +165,7 @@ def main(model_dir: str, out: str, split: str = "strided", extra: str = "") -> N
             torch.save(record, out)
         else:
             torch.save(record, f"{out}.rank{rank}")
-        trainer.accelerator.wait_for_everyone()
+        trainer.ranks.close()  # every rank here, then the process group torn down, as replrl train ends
 
 
 if __name__ == "__main__":

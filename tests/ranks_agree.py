@@ -78,8 +78,7 @@ def main(root: Path) -> None:
             outcome[f"agree_{k}"] = f"{type(err).__name__}: {err}"
 
     (root / f"outcome.rank{ranks.rank}.json").write_text(json.dumps(outcome))
-    dist.barrier()
-    dist.destroy_process_group()
+    ranks.close()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``Ranks`` (replrl/ranks.py): with one process every collective is the identity; with two gloo processes on the CPU
 each gives what the trainer's hand-written collectives gave (any, all, max, sum in float64, sum and max in one;
-``gather`` is accelerate's ``gather_object``, which needs an accelerator: tests/test_multiprocess.py runs it)."""
+``gather`` is accelerate's ``gather_object``, which needs an accelerator: tests/test_multiprocess.py runs it); ``close``
+waits for the late rank and leaves no process group."""
 
 from __future__ import annotations
 
@@ -22,21 +23,33 @@ def test_one_process_needs_no_branch():
     assert Ranks(1, 2).share([0, 1, 2, 3, 4]) == [1, 3] and Ranks(1, 2).owns(3) and not Ranks(1, 2).main
 
 
+def test_closing_one_process_is_a_no_op():
+    import torch.distributed as dist
+
+    Ranks().close()
+    assert not dist.is_initialized()
+
+
 def _two_ranks(rank: int, port: int, out: str) -> None:
     import json
 
     import torch.distributed as dist
 
+    import time
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        ranks = Ranks(rank, 2, "cpu")
-        got = {"any": ranks.any(rank == 1), "none": ranks.any(False), "all": ranks.all([True, rank == 0]),
-               "max": ranks.max([rank, 5 - rank]), "sum": ranks.sum(0.1 + rank),
-               "sum_and_max": list(ranks.sum_and_max(1.0 + rank, 3 * rank + 1))}
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump(got, f)
-    finally:
-        dist.destroy_process_group()
+    ranks = Ranks(rank, 2, "cpu")
+    got = {"any": ranks.any(rank == 1), "none": ranks.any(False), "all": ranks.all([True, rank == 0]),
+           "max": ranks.max([rank, 5 - rank]), "sum": ranks.sum(0.1 + rank),
+           "sum_and_max": list(ranks.sum_and_max(1.0 + rank, 3 * rank + 1))}
+    if rank == 1:  # the late rank: it marks its arrival at the end of the run, after rank 0 is already there
+        time.sleep(1.0)
+        open(f"{out}.arrived", "w").close()
+    ranks.close()
+    got["waited_for_the_late_rank"] = os.path.exists(f"{out}.arrived")
+    got["group_left"] = dist.is_initialized()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(got, f)
 
 
 def test_two_gloo_ranks_agree(tmp_path):
@@ -53,4 +66,4 @@ def test_two_gloo_ranks_agree(tmp_path):
     for rank in (0, 1):
         got = json.loads(open(f"{out}.{rank}").read())
         assert got == {"any": True, "none": False, "all": [True, False], "max": [1, 5], "sum": pytest.approx(1.2),
-                       "sum_and_max": [3.0, 4]}
+                       "sum_and_max": [3.0, 4], "waited_for_the_late_rank": True, "group_left": False}

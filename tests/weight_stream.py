@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from replrl.backends.weight_buckets import Named, nbytes, stream
+from replrl.ranks import Ranks
 
 
 class Recorder:
@@ -58,7 +59,8 @@ def main(out: str) -> None:
         figures = stream(named, recorder, bound)
         result[label] = {"bound": bound, "buckets": recorder.buckets, "figures": vars(figures)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    del named, model  # the DTensors and FSDP's state hold the group: gone before it is torn down
+    Ranks(rank, dist.get_world_size(), "cpu").close()  # every rank here, then the group torn down, as replrl train
 
 
 if __name__ == "__main__":

@@ -132,6 +132,7 @@ def run_train(args: argparse.Namespace) -> int:
     with logging_redirect_tqdm(), Trainer(cfg, run_dir, resume=bool(resume_dir),
                                           progress=not args.no_progress) as trainer:
         trainer.train()
+    trainer.ranks.close()  # several processes: all here, then the process group torn down before the exit
     print(trainer.summary())
     return 0
 
