@@ -70,7 +70,7 @@ class Ranks:
         import torch.distributed as dist
 
         if self.world > 1 and dist.is_available() and dist.is_initialized():
-            dist.barrier()
+            self.any(False)  # the barrier, on this rank's device (as claim_run_dir's; NCCL's barrier guesses one)
             dist.destroy_process_group()
 
     def all(self, flags: list[bool]) -> list[bool]:
