@@ -1,7 +1,7 @@
 """``Ranks`` (replrl/ranks.py): with one process every collective is the identity; with two gloo processes on the CPU
 each gives what the trainer's hand-written collectives gave (any, all, max, sum in float64, sum and max in one;
 ``gather`` is accelerate's ``gather_object``, which needs an accelerator: tests/test_multiprocess.py runs it); ``close``
-waits for the late rank and leaves no process group."""
+waits for the late rank and leaves no process group; ``sole_owner`` waits until nothing else holds a tensor."""
 
 from __future__ import annotations
 
@@ -28,6 +28,26 @@ def test_closing_one_process_is_a_no_op():
 
     Ranks().close()
     assert not dist.is_initialized()
+
+
+def test_sole_owner_waits_until_no_other_reference_holds_the_tensor():
+    """What ``close`` waits for after its barrier: the collective's worker thread letting go of the tensor (here,
+    a saved tensor of an autograd graph that another thread drops 0.3 s later: a C++ reference, as the worker's)."""
+    import threading
+    import time
+
+    import torch
+
+    from replrl.ranks import sole_owner
+
+    t = torch.zeros(2, requires_grad=True)
+    held = {"graph": t * t}  # the graph saves t: C++ references beside t's Python object
+    assert t._use_count() > 1
+    assert sole_owner(t, patience=0.05) is False  # still held: it gives up after its patience
+    threading.Timer(0.3, held.clear).start()
+    start = time.monotonic()
+    assert sole_owner(t, patience=10) is True
+    assert time.monotonic() - start >= 0.25 and t._use_count() == 1
 
 
 def _two_ranks(rank: int, port: int, out: str) -> None:

@@ -1,10 +1,12 @@
 """Streamed weight sync from FSDP2 shards (replrl.backends.weight_buckets) on 2 CPU processes over gloo:
 
-    python -m torch.distributed.run --nproc_per_node 2 -m tests.weight_stream OUT_DIR
+    python -m torch.distributed.run --nproc_per_node 2 -m tests.weight_stream OUT_DIR [--teardown any]
 
 A tiny Llama sharded with ``fully_shard`` (each decoder layer, then the root), streamed in buckets of 1.5 layers and
 of 1 byte into a transport that records what it receives; every rank writes OUT_DIR/rank<r>.pt with, per bucket, the
-names and the largest difference from the unsharded model, and the figures."""
+names and the largest difference from the unsharded model, and the figures. It ends as ``replrl train`` does
+(``Ranks.close``); ``--teardown any`` ends as replrl did before, with an all-reduce of a Python tensor (``ranks.any``)
+then ``destroy_process_group``, for bench/teardown.py to count the SIGABRTs of that ending beside this one's."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ class Recorder:
                              "diff": diff})
 
 
-def main(out: str) -> None:
+def main(out: str, teardown: str = "close") -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
@@ -60,8 +62,13 @@ def main(out: str) -> None:
         result[label] = {"bound": bound, "buckets": recorder.buckets, "figures": vars(figures)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
     del named, model  # the DTensors and FSDP's state hold the group: gone before it is torn down
-    Ranks(rank, dist.get_world_size(), "cpu").close()  # every rank here, then the group torn down, as replrl train
+    ranks = Ranks(rank, dist.get_world_size(), "cpu")
+    if teardown == "any":
+        ranks.any(False)
+        dist.destroy_process_group()
+    else:
+        ranks.close()  # every rank here, then the group torn down, as replrl train
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *(sys.argv[3:4] if sys.argv[2:3] == ["--teardown"] else []))
