@@ -44,7 +44,8 @@ def fsdp2_launch(tmp_path: Path, *args: str, yaml: str = FSDP2_CPU) -> list[str]
 
 
 def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    # PYTHONFAULTHANDLER: a rank that dies by a signal (a SIGABRT at exit) prints every thread's Python stack
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
