@@ -41,8 +41,8 @@ def core_files() -> None:
 
 
 def launch(ending: str, out: Path, keep: Path | None) -> tuple[bool, bool]:
-    """(aborted, finished) of one launch; an aborted launch's stderr (Python's stacks: faulthandler) and, with
-    ``keep``, its core files (the working directory's ``core``) go to ``keep``."""
+    """(aborted, finished) of one launch; with ``keep``, an aborted launch's stderr (every thread's Python stack:
+    faulthandler) and its core files (the launch's working directory's ``core``) go to ``keep``."""
     out.mkdir()
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),

@@ -52,10 +52,9 @@ def test_sole_owner_waits_until_no_other_reference_holds_the_tensor():
 
 def _two_ranks(rank: int, port: int, out: str) -> None:
     import json
+    import time
 
     import torch.distributed as dist
-
-    import time
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     ranks = Ranks(rank, 2, "cpu")
