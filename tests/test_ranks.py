@@ -1,7 +1,8 @@
 """``Ranks`` (replrl/ranks.py): with one process every collective is the identity; with two gloo processes on the CPU
 each gives what the trainer's hand-written collectives gave (any, all, max, sum in float64, sum and max in one;
-``gather`` is accelerate's ``gather_object``, which needs an accelerator: tests/test_multiprocess.py runs it); ``close``
-waits for the late rank and leaves no process group; ``sole_owner`` waits until nothing else holds a tensor."""
+``gather`` is accelerate's ``gather_object``, which needs an accelerator: tests/test_multiprocess.py runs it);
+``close`` waits for the late rank and leaves no process group; ``sole_owner`` waits until nothing else holds a
+tensor."""
 
 from __future__ import annotations
 
