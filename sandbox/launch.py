@@ -121,6 +121,114 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+KERNEL_MODULES = ("ipykernel", "jupyter_client", "zmq", "seccomp", "pyseccomp")
+"""What the kernel program imports from outside the standard library (the seccomp binding: whichever is installed;
+see ``_kernel_side._import_seccomp``). Their distributions and everything those require come with them."""
+KERNEL_DISTRIBUTIONS = ("ipykernel", "jupyter_client", "pyzmq", "pyseccomp", "seccomp")
+
+
+def kernel_import_dirs() -> list[str]:
+    """The directories the kernel program imports from, wherever the host found them: the ``sys.path`` entries that
+    hold ``KERNEL_MODULES`` and the distributions of ``KERNEL_DISTRIBUTIONS`` with everything they require (markers
+    evaluated, extras not), and the real directories of those packages where an entry only links to them (a symlink
+    farm such as a Spack view). A ``PYTHONPATH`` directory, a cluster module's or one a ``.pth`` file adds counts when
+    it holds one of them; no other entry of ``sys.path`` does (a checkout, a dataset directory), and an entry that
+    holds this project's checkout never does: replrl is not needed inside a kernel. Read-only in the kernel's view,
+    and the entries on its import path (``kernel_env``)."""
+    return list(_import_dirs(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _import_dirs(path: tuple[str, ...]) -> tuple[str, ...]:
+    import importlib.metadata
+    import importlib.util
+
+    entries = [(p, os.path.realpath(p)) for p in path if p and os.path.isdir(p)]
+
+    def entry_of(file: str) -> str | None:  # the sys.path entry a file was imported through (the longest match)
+        real = os.path.realpath(file)
+        found = [(len(r), p) for p, r in entries if _under(real, r) or _under(os.path.abspath(file), p)]
+        return max(found)[1] if found else None
+
+    dirs: set[str] = set()
+
+    def add_module(name: str) -> None:
+        try:
+            spec = importlib.util.find_spec(name)  # a top-level name: imports nothing
+        except (ImportError, ValueError):
+            return
+        if spec is None or spec.origin in (None, "built-in", "frozen"):
+            return  # not there, or a namespace package (found anywhere a directory of that name is)
+        for place in [spec.origin, *(spec.submodule_search_locations or [])]:
+            if os.path.isabs(place):
+                entry = entry_of(place)
+                if entry is not None:
+                    dirs.add(entry)
+                top = os.path.dirname(place) if spec.submodule_search_locations is None else place
+                if entry is not None and not _under(os.path.realpath(top), os.path.realpath(entry)):
+                    dirs.add(os.path.realpath(top) if os.path.isdir(top) else os.path.realpath(place))
+
+    for name in KERNEL_MODULES:
+        add_module(name)
+    todo, seen = list(KERNEL_DISTRIBUTIONS), set()
+    while todo:
+        name = _canonical(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo += [req for req in map(_required, dist.requires or []) if req]
+        home = str(dist.locate_file(""))
+        if os.path.isdir(home):
+            dirs.add(entry_of(home) or home)
+        tops = {f.parts[0] for f in (dist.files or []) if f.parts and f.parts[0] not in ("..", "__pycache__")}
+        for top in tops:
+            where = str(dist.locate_file(top))
+            if os.path.islink(where) and os.path.exists(where):  # a link farm: bind what it points to
+                dirs.add(os.path.realpath(where))
+            module = top.split(".")[0]
+            if (top.endswith((".dist-info", ".egg-info", ".pth", ".data")) or not module.isidentifier()
+                    or os.path.exists(where)):
+                continue
+            add_module(module)  # listed but not beside its metadata: an editable install, found through sys.path
+    checkout = _checkout()
+    keep = {d for d in dirs if os.path.isdir(d) or os.path.isfile(d)}
+    if checkout is not None:
+        keep = {d for d in keep if not _under(checkout, os.path.realpath(d))}
+    return tuple(sorted(keep))
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _required(requirement: str) -> str | None:
+    """The distribution a ``Requires-Dist`` line names, or None when its marker does not hold here (an extra's)."""
+    try:
+        from packaging.requirements import Requirement
+
+        req = Requirement(requirement)
+        return req.name if req.marker is None or req.marker.evaluate({"extra": ""}) else None
+    except ImportError:  # no packaging: keep what is not an extra's (a platform marker that fails only adds a dir)
+        head, _, marker = requirement.partition(";")
+        name = head.strip().split("[")[0]
+        for sep in "<>=!~ (":
+            name = name.split(sep)[0]
+        return None if "extra" in marker else (name.strip() or None)
+    except Exception:
+        return None
+
+
+def _checkout() -> str | None:
+    """This project's source checkout when the sandbox package runs from one (a pyproject.toml beside it), else None
+    (an installed copy, in site-packages or a ``pip install --target`` directory)."""
+    root = Path(__file__).resolve().parent.parent
+    return str(root) if (root / "pyproject.toml").is_file() else None
+
+
 def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
     """bwrap arguments that build the kernel's filesystem view (see SYSTEM_DIRS): an allowlist, nothing else."""
     args: list[str] = []
@@ -134,7 +242,7 @@ def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
     for name in ETC_FILES:
         if os.path.exists(os.path.join("/etc", name)):
             binds[os.path.join("/etc", name)] = os.path.join("/etc", name)
-    for path in [*python_paths(), *ro_paths]:
+    for path in [*python_paths(), *kernel_import_dirs(), *ro_paths]:
         if os.path.exists(path):
             for dest in {os.path.abspath(path), os.path.realpath(path)}:  # a symlinked prefix is reached both ways
                 binds[dest] = os.path.realpath(path)
@@ -175,15 +283,18 @@ def kernel_env(limits: Limits, kdir: str, uid: int | None, may_reap: bool,
                extra_cfg: dict | None = None) -> dict[str, str]:
     gid = uid
     visible = python_paths()
+    imports = kernel_import_dirs()
     config = {
         "uid": uid,
         "gid": gid,
         "max_output": limits.max_output_bytes,
         "may_reap": may_reap,
-        # where the host finds ipykernel (a user site, say): the kernel imports it from there, then gives user code
-        # the interpreter's own sys.path, as `python -i` has it (so no PYTHONPATH: it would show through)
-        # (only directories of the view: the host's other entries, a checkout say, are not the kernel's to know)
-        "import_path": [p for p in sys.path if p and os.path.isdir(p) and any(_under(p, v) for v in visible)],
+        # where the host finds ipykernel (a user site, a PYTHONPATH directory, say): the kernel imports it from there,
+        # then gives user code the interpreter's own sys.path, as `python -i` has it (so no PYTHONPATH: it would show
+        # through). Only directories of the view: the interpreter's, and those that hold the kernel program's
+        # imports (kernel_import_dirs); the host's other entries, a checkout say, are not the kernel's to know
+        "import_path": [p for p in sys.path if p and os.path.isdir(p)
+                        and (p in imports or any(_under(p, v) for v in visible))],
         "rlimits": {
             "as": limits.memory_mb * 2**20 if limits.memory_mb else None,
             "nproc": limits.max_procs,

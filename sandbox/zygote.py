@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .kernel_dirs import KernelLog, make_kernel_dir, remove_kernel_dir
-from .launch import KERNEL_SOURCE, bwrap_view, kernel_env, python_paths
+from .launch import KERNEL_SOURCE, bwrap_view, kernel_env, kernel_import_dirs, python_paths
 from .limits import Limits, is_root
 
 ZYGOTE_SOURCE = "_ZYGOTE = True\n" + KERNEL_SOURCE + "\n" + Path(__file__).with_name("_zygote_side.py").read_text()
@@ -70,11 +70,12 @@ def boot_path(level: str, limits: Limits) -> tuple[str, str]:
 
 
 def under_tmp(limits: Limits) -> list[str]:
-    """The view's directories that live under the temp directory (the interpreter's, ``Limits.ro_paths``): a forked
-    kernel's view covers the temp directory and binds these back, as they are in the zygote's view."""
+    """The view's directories that live under the temp directory (the interpreter's, those of the kernel program's
+    imports, ``Limits.ro_paths``): a forked kernel's view covers the temp directory and binds these back, as they are
+    in the zygote's view."""
     tmp = os.path.realpath(tempfile.gettempdir())
     keep = set()
-    for path in [*python_paths(), *limits.ro_paths]:
+    for path in [*python_paths(), *kernel_import_dirs(), *limits.ro_paths]:
         for form in (os.path.abspath(path), os.path.realpath(path)):
             if form == tmp or form.startswith(tmp.rstrip("/") + "/"):
                 keep.add(form)
