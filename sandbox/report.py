@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .budget import memory_mechanism
 from .launch import seccomp_available
 from .limits import Limits, is_root
@@ -32,3 +34,63 @@ def mechanisms(limits: Limits | None = None) -> list[tuple[str, str]]:
     rows.append(("terminals", "a devpts of each kernel's own" if level == "bwrap" else
                  "the host's /dev/pts (no filesystem view at this level)"))
     return rows
+
+
+KERNEL_CHECK = "1+1"
+KERNEL_CHECK_TIMEOUT_S = 120.0
+
+
+def kernel_start(limits: Limits | None = None, timeout: float = KERNEL_CHECK_TIMEOUT_S) -> tuple[bool, str]:
+    """Start one real kernel with ``limits``, as a run does, and run ``1+1`` in it: (it worked, what happened, in one
+    line). A failure names its reason (the last line of the kernel's log) and the log's tail, quoted with ``ascii()``:
+    those are the kernel's bytes. Never raises (``replrl env`` asks this once; the mechanisms above say what would
+    hold, this says whether a kernel starts at all)."""
+    import asyncio
+    import time
+
+    from .errors import KernelStartError
+    from .kernel import Kernel
+    from .sync import run_sync
+
+    limits = limits or Limits()
+
+    async def attempt() -> tuple[bool, str]:
+        t0 = time.perf_counter()
+        kernel = Kernel(limits)
+        try:
+            await kernel.start()
+            result = await kernel.execute(KERNEL_CHECK, mode="single")
+            forked = getattr(kernel._proc, "_zygote", None) is not None
+        finally:
+            await kernel.shutdown()
+        took = time.perf_counter() - t0
+        if result.status == "ok" and result.output == "2\n":
+            return True, f"ok: started one ({'forked' if forked else 'booted'}) and ran {KERNEL_CHECK} -> 2 in " \
+                         f"{took:.1f} s"
+        return False, (f"FAILED: a kernel started but {KERNEL_CHECK} gave status {result.status!r}, output "
+                       f"{ascii(result.output[-300:])}")
+
+    try:
+        return run_sync(asyncio.wait_for(attempt(), timeout))
+    except KernelStartError as err:
+        return False, _start_failure(str(err))
+    except (asyncio.TimeoutError, TimeoutError):
+        return False, f"FAILED: no kernel started and ran {KERNEL_CHECK} within {timeout:.0f} s"
+    except Exception as err:  # the report goes on: whatever stopped the kernel is its line
+        return False, f"FAILED: {type(err).__name__}: {ascii(str(err))}"
+
+
+def _start_failure(message: str) -> str:
+    """One line for a kernel that did not start: the host's words, then the kernel's log (its bytes: ``ascii()``)."""
+    head, sep, log = message.partition("did not start: ")
+    if not sep:
+        return f"FAILED: {ascii(message)}"
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return f"FAILED: {head}did not start: {ascii(lines[0] if lines else log)}"
+    errors = [line for line in lines if _ERROR_LINE.match(line)]  # "ModuleNotFoundError: ...", "sandbox: ..."
+    reason = errors[-1] if errors else lines[-1]
+    return f"FAILED: {head}did not start: {ascii(reason)} (its log ends: {ascii(log[-600:])})"
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit)\b|sandbox:|Fatal Python error)")

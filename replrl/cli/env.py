@@ -14,7 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("env", help="print the sandbox level, versions, devices and model cache (for bug reports)",
                        description="Print what this machine gives replrl: the sandbox isolation level and whether "
                        "host files are hidden from model-written code, package versions, CPU/GPU, and whether the "
-                       "default model is cached. Paste it into bug reports.")
+                       "default model is cached; it starts one real kernel and runs 1+1 in it, and exits non-zero "
+                       "when that fails. Paste it into bug reports.")
     p.set_defaults(func=run)
 
 
@@ -43,7 +44,23 @@ def sandbox_lines() -> list[str]:
     return lines
 
 
-def report() -> str:
+def kernel_line() -> tuple[bool, str]:
+    """(a kernel started, the line that says so): one real kernel started as a run starts it, ``1+1`` run in it.
+    No sandbox at all is said above ("sandbox isolation: NONE") and is not tried again here."""
+    from sandbox.limits import Limits, SandboxUnavailable
+
+    try:
+        Limits().resolve_isolation()
+    except SandboxUnavailable:
+        return True, "kernel start: not tried (no sandbox isolation level is available here)"
+    from sandbox.report import kernel_start
+
+    ok, how = kernel_start()
+    return ok, f"kernel start: {how}"
+
+
+def report() -> tuple[str, bool]:
+    """The report's text, and whether a kernel started (False: ``replrl env`` exits non-zero)."""
     import torch
 
     from ..models import SMOLLM2_ALIAS, cache_dir, default_model_cached
@@ -60,12 +77,20 @@ def report() -> str:
     else:
         lines.append("gpu: none")
     lines += sandbox_lines()
+    started, line = kernel_line()
+    lines.append(line)
     cached = default_model_cached()
     where = f"cached ({cached})" if cached else f"not cached yet (fetched once from PyPI into {cache_dir()})"
     lines.append(f"default model ({SMOLLM2_ALIAS}): {where}")
-    return "\n".join(lines)
+    return "\n".join(lines), started
 
 
 def run(args: argparse.Namespace) -> int:
-    print(report())
+    text, started = report()
+    print(text, flush=True)
+    if not started:
+        why = next(line for line in text.splitlines() if line.startswith("kernel start: "))
+        print(f"replrl env: error: no sandboxed kernel can start here, so no episode can run ({why})",
+              file=sys.stderr)
+        return 1
     return 0
