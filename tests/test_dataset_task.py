@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -176,3 +177,87 @@ def test_the_dataset_task_from_config_fields(tmp_path):
                             ({"columns": {"q": "x"}}, "task.columns: 'q' is not one of question, answer, data")]:
         with pytest.raises(ConfigError, match=message):
             resolve(Config, None, {"task": fields})
+
+
+# -- a bad row in a user's file is one line naming the file, the line and what is wrong (issue 64) -------------------
+GOOD = '{"problem": "What is 1 + 1?", "solution": "2"}'
+BAD_ROWS = [  # (line 3 of the file, what is said about it)
+    ('{"problem": "What is 2 + 2?", "solution":', r"not valid JSON \(Expecting value at column 42\): "
+                                                 r"'\{\"problem\": \"What is 2 \+ 2\?\", \"solution\":'$"),
+    ('["What is 2 + 2?", "4"]', r"a row must be a JSON object \(\{\"problem\": \.\.\., \"solution\": \.\.\.\}\), "
+                                r"not a list"),
+    ('"What is 2 + 2?"', r"a row must be a JSON object .*, not text"),
+    ('{"problem": "What is 2 + 2?"}', r"no field 'solution' \(the fields of this row: problem\)"),
+    ('{"solution": "4"}', r"no field 'problem' \(the fields of this row: solution\)"),
+    ('{"problem": ["What is", "2 + 2?"], "solution": "4"}',
+     r"field 'problem' \(the question\) must be text, not a list"),
+    ('{"problem": "What is 2 + 2?", "solution": null}', r"field 'solution' \(the answer\) is null"),
+]
+
+
+@pytest.mark.parametrize("bad, said", BAD_ROWS, ids=["json", "list", "text", "no-answer", "no-question",
+                                                      "question-type", "null-answer"])
+def test_one_bad_row_is_a_data_row_error_naming_the_file_and_line(tmp_path, bad, said):
+    from replrl.tasks.dataset import DataRowError
+
+    path = tmp_path / "problems.jsonl"
+    path.write_text(f"{GOOD}\n{GOOD}\n{bad}\n{GOOD}\n")  # the bad row on line 3, good rows around it
+    assert path.read_text().splitlines()[2] == bad
+    with pytest.raises(DataRowError, match=f"^dataset '{path}' line 3: {said}") as caught:
+        DatasetTask(data=str(path), columns={"question": "problem", "answer": "solution"}, checker="exact")
+    err = caught.value
+    assert (err.path, err.line) == (str(path), 3) and isinstance(err, TaskError) and "\n" not in str(err)
+
+
+def test_bad_rows_in_other_shapes_of_file(tmp_path):
+    """A blank line is skipped (line numbers stay the file's); a .json array names the row's position; bytes that
+    are not UTF-8 are a bad row; a directory of split files names the file; a CSV that datasets cannot parse is one
+    TaskError naming the file; a column missing from every row is still the column map's one-line error."""
+    from replrl.tasks.dataset import DataRowError
+
+    cols = {"question": "problem", "answer": "solution"}
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text(f"{GOOD}\n\n   \n{{\"problem\": 7, \"solution\": \"7\"}}\n")
+    with pytest.raises(DataRowError, match=r"line 4: field 'problem' \(the question\) must be text, not a number$"):
+        DatasetTask(data=str(blank), columns=cols)
+    array = tmp_path / "rows.json"
+    array.write_text(json.dumps([json.loads(GOOD), json.loads(GOOD), 3]))
+    with pytest.raises(DataRowError, match=r"^dataset '.*rows\.json' row 3: a row must be a JSON object"):
+        DatasetTask(data=str(array), columns=cols)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(GOOD.encode() + b'\n{"problem": "caf\xe9", "solution": "1"}\n')
+    with pytest.raises(DataRowError, match=r"line 2: not UTF-8 text \(byte 17: b'\\xe9'\)$"):
+        DatasetTask(data=str(latin), columns=cols)
+    split_dir = tmp_path / "splits"
+    split_dir.mkdir()
+    (split_dir / "train.jsonl").write_text(f"{GOOD}\n")
+    (split_dir / "test.jsonl").write_text(f"{GOOD}\n{GOOD[:-1]}\n")
+    with pytest.raises(DataRowError, match=r"^dataset '.*splits/test\.jsonl' line 2: not valid JSON"):
+        DatasetTask(data=str(split_dir), columns=cols)
+    csv = tmp_path / "bad.csv"
+    csv.write_text("problem,solution\nWhat is 1 + 1?,2\nWhat is 2 + 2?,4,oops\n")
+    with pytest.raises(TaskError, match=r"^dataset data '.*bad\.csv' cannot be read: ParserError: .*line 3"):
+        DatasetTask(data=str(csv), columns=cols)
+    everywhere = write_jsonl(tmp_path / "other_columns.jsonl", [{"q": "x", "a": "1"}] * 3)
+    with pytest.raises(TaskError, match=r"^dataset '.*other_columns\.jsonl' has no field 'problem' \(fields: q, a\)$"):
+        DatasetTask(data=str(everywhere), columns=cols)
+
+
+def test_replrl_train_on_a_file_with_a_bad_row_is_one_line_and_exit_1(tmp_path):
+    """The CLI: one line on stderr (no traceback from inside datasets), exit code 1, before any model is loaded."""
+    import subprocess
+    import time
+
+    path = tmp_path / "problems.jsonl"
+    path.write_text(f"{GOOD}\n{GOOD}\n{{\"problem\": \"What is 3 + 3?\"}}\n")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "replrl", "train", "examples/smoke.toml", "--task.name", "dataset",
+                           "--task.data", str(path), "--task.columns", '{"question": "problem", "answer": "solution"}',
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    took = time.monotonic() - t0
+    err = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert err == [f"replrl train: error: DataRowError: dataset '{path}' line 3: no field 'solution' (the fields of "
+                   "this row: problem)"], done.stderr[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists() and took < 120

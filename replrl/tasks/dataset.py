@@ -17,6 +17,7 @@ columns put in the kernel as variables of the same names before the first line (
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -43,6 +44,20 @@ console = logging.getLogger("replrl.console")
 """What a run tells its user (``replrl train`` shows it at its default log level)."""
 
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+_ROW_FILES = (".jsonl", ".json")
+"""Files whose rows are checked one by one before ``datasets`` loads them (see ``check_rows``)."""
+
+
+class DataRowError(TaskError):
+    """One row of a data file cannot be a problem: invalid JSON, not an object, a question or answer field missing
+    (where other rows have it), a question that is not text, an answer that is null, or a field whose type changes
+    from row to row where ``datasets`` cannot load that. ``path``, ``line`` (1-based; in a ``.json`` file that is one
+    array, the row's 1-based position) and ``problem`` say which and what; the message is the one line ``replrl
+    train`` prints."""
+
+    def __init__(self, path: str | Path, line: int, problem: str, unit: str = "line"):
+        self.path, self.line, self.problem = str(path), line, problem
+        super().__init__(f"dataset '{path}' {unit} {line}: {problem}")
 _SLICE = re.compile(r"^([\w.-]+)\[\s*(-?\d+%?)?\s*:\s*(-?\d+%?)?\s*\]$")
 
 
@@ -172,10 +187,10 @@ class DatasetTask:
             if builder is None:
                 raise TaskError(f"{self.name} data '{self.data}': unsupported file type (use .jsonl, .json, "
                                 ".parquet or .csv)")
-            return dict(datasets.load_dataset(builder, data_files={ONE_FILE_SPLIT: str(path)}))
+            return self._load_files(builder, {ONE_FILE_SPLIT: [str(path)]})
         if path.is_dir():
             builder, data_files = split_files(path, self.config, self.name)
-            return dict(datasets.load_dataset(builder, data_files=data_files))
+            return self._load_files(builder, data_files)
         if not _HUB_ID.fullmatch(str(self.data)) or Path(self.data).suffix in BUILDERS:
             raise TaskError(f"{self.name} data '{self.data}' not found")
         try:
@@ -184,6 +199,26 @@ class DatasetTask:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise TaskError(f"{self.name} data '{self.data}' not found (not a local path; hub load failed: "
                             f"{reason})") from e
+
+    def _load_files(self, builder: str, data_files: dict[str, list[str]]) -> dict[str, Any]:
+        """Local files through ``datasets``, each JSON file's rows checked first (``check_rows``): a bad row is one
+        ``DataRowError`` naming its file and line, not a traceback from inside ``datasets``; whatever else
+        ``datasets`` cannot read is one ``TaskError`` naming the file."""
+        import datasets
+
+        required = [self.question_column, self.answer_column, *self.data_columns]
+        files = [f for group in data_files.values() for f in group]
+        for f in files:
+            if Path(f).suffix in _ROW_FILES:
+                check_rows(f, required, self.question_column, self.answer_column)
+        try:
+            return dict(datasets.load_dataset(builder, data_files=data_files))
+        except Exception as e:
+            for f in files:  # a type that changes from row to row is what the checks above leave to datasets
+                if Path(f).suffix in _ROW_FILES:
+                    check_rows(f, required, self.question_column, self.answer_column, types=True)
+            where = files[0] if len(files) == 1 else str(self.data)
+            raise TaskError(f"{self.name} data '{where}' cannot be read: {_innermost(e)}") from e
 
     def rows(self, split: str) -> Any:
         """The split as a ``datasets.Dataset`` (rows are dicts with every column); ``name[a:b]`` slices it (ints,
@@ -283,6 +318,100 @@ def split_files(path: Path, config: str | None, task: str = "dataset") -> tuple[
             raise TaskError(f"{task} data '{path}': cannot tell the split of {p.name} (name files train.jsonl, ...)")
         data_files.setdefault(split[0], []).append(str(p))
     return builders.pop(), data_files
+
+
+def check_rows(path: str | Path, required: list[str], question: str, answer: str, types: bool = False) -> None:
+    """Raise ``DataRowError`` for the first row of a ``.jsonl`` (or ``.json``) file that cannot be a problem: not
+    UTF-8, not valid JSON, not a JSON object, a ``required`` field missing where other rows have it (missing from
+    every row is the column map's problem, said later for the whole file), the ``question`` field not text, the
+    ``answer`` field null; with ``types``, also a field whose JSON type differs from its first row's (null goes with
+    anything; int and float are both numbers). Blank lines are skipped, as ``datasets`` skips them."""
+    raw = Path(path).read_bytes()
+    unit, rows = "line", None
+    if Path(path).suffix == ".json":
+        try:
+            whole = json.loads(raw)
+        except ValueError:
+            whole = None
+        if isinstance(whole, list):  # one JSON array of rows
+            unit, rows = "row", enumerate(whole, 1)
+    if rows is None:
+        rows = _json_lines(path, raw)
+    first_kind: dict[str, tuple[str, int]] = {}
+    present: set[str] = set()
+    missing: dict[str, tuple[int, list[str]]] = {}
+    problem: tuple[int, str] | None = None
+    for line, row in rows:
+        if not isinstance(row, dict):
+            problem = (line, f"a row must be a JSON object ({{\"{question}\": ..., \"{answer}\": ...}}), not "
+                             f"{_kind(row)}")
+            break
+        for name in required:
+            if name in row:
+                present.add(name)
+            else:
+                missing.setdefault(name, (line, sorted(row)))
+        if question in row and not isinstance(row[question], str):
+            problem = (line, f"field '{question}' (the question) must be text, not {_kind(row[question])}")
+            break
+        if answer in row and row[answer] is None:
+            problem = (line, f"field '{answer}' (the answer) is null")
+            break
+        if types:
+            for name, value in row.items():
+                if value is None:
+                    continue
+                kind, at = first_kind.setdefault(name, (_kind(value), line))
+                if kind != _kind(value):
+                    problem = (line, f"field '{name}' is {_kind(value)} here but {kind} on {unit} {at} (a column "
+                                     "holds one type)")
+                    break
+            if problem:
+                break
+    found = [problem] if problem else []
+    found += [(line, f"no field '{name}' (the fields of this row: {', '.join(fields) or 'none'})")
+              for name, (line, fields) in missing.items() if name in present]
+    if found:
+        line, what = min(found)
+        raise DataRowError(path, line, what, unit)
+
+
+def _json_lines(path: str | Path, raw: bytes) -> Any:
+    """(line number, value) for each non-blank line; a line that is not UTF-8 or not JSON is a ``DataRowError``."""
+    for line, data in enumerate(raw.split(b"\n"), 1):
+        if not data.strip():
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataRowError(path, line, f"not UTF-8 text (byte {e.start + 1}: {data[e.start:e.start + 1]!r})") \
+                from None
+        try:
+            yield line, json.loads(text)
+        except ValueError as e:
+            what = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+            raise DataRowError(path, line, f"not valid JSON ({what}): {text.strip()[:60]!r}") from None
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's type, as a message names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _innermost(err: BaseException) -> str:
+    """The first line of the innermost cause's message (``datasets`` wraps pyarrow's and pandas' errors)."""
+    while err.__cause__ is not None or (err.__context__ is not None and not err.__suppress_context__):
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def number_reference(value: Any) -> int | Fraction | None:
