@@ -48,7 +48,11 @@ def _drop_privileges(uid, gid):
         raise SystemExit("sandbox: failed to drop privileges")
 
 
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 16384, 1 << 18
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+_CLONE_NEWCGROUP = 0x02000000
+_DEVPTS_OPTIONS = "newinstance,ptmxmode=0666,mode=620,max={}"
+"""A devpts instance of the kernel's own (the options bwrap's ``--dev`` uses), holding at most ``max`` terminals
+(``sandbox.launch.PTYS_PER_KERNEL``): a kernel that opens every pty it may runs out of its own, no one else's."""
 
 
 def _mount(source, target, fstype, flags, data=None):
@@ -64,20 +68,40 @@ def _mount(source, target, fstype, flags, data=None):
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
+def _own_cgroup_namespace():
+    """A cgroup namespace rooted at the cgroup the kernel just joined: ``/proc/self/cgroup`` says ``/``, not the
+    host's name for it (which holds the host's pid and the kernel's number among its kernels)."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWCGROUP) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWCGROUP): {os.strerror(err)}")
+
+
 def _confine(cfg):
     """What the kernel program does with its privileges before it drops them, before any model-written line:
     join the kernel's memory cgroup through the descriptor its host opened (``sandbox/budget.py``), and make its
     working directory a tmpfs of its own mount namespace, bounded in bytes and inodes (nothing the kernel writes
-    reaches the host's disk, and its total is the kernel's limit). Each step the host asked for must succeed, or
-    the kernel does not start."""
+    reaches the host's disk, and its total is the kernel's limit); a booted bwrap kernel mounts a devpts with a
+    bounded number of terminals over the one bwrap gave it (a forked kernel's init has mounted one already). Each step
+    the host asked for must succeed, or the kernel does not start."""
     fd = cfg.get("cgroup_fd")
     if fd is not None:
         try:
             os.write(fd, b"0")
+            if os.getuid() == 0:  # the capability to make the namespace goes with the uid
+                _own_cgroup_namespace()
         except OSError as err:
             raise SystemExit(f"sandbox: could not join the kernel's cgroup: {err}") from None
         finally:
             os.close(fd)
+    ptys = cfg.get("devpts_max")
+    if ptys:
+        try:
+            _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+            _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, _DEVPTS_OPTIONS.format(int(ptys)))
+        except OSError as err:
+            raise SystemExit(f"sandbox: could not give the kernel its terminals: {err}") from None
     work = cfg.get("work_tmpfs")
     if work is not None:
         here = os.getcwd()
@@ -91,18 +115,35 @@ def _confine(cfg):
         os.chdir(here)
 
 
+_DENIED_SYSCALLS = {
+    "EPERM": ("add_key", "request_key", "keyctl",  # keyrings: a channel between kernels, state a uid carries on
+              "inotify_init", "inotify_init1",  # who opens which file of the shared stdlib and /usr, seen
+              "perf_event_open"),  # a side channel and a large attack surface (the host's paranoid setting aside)
+    "ENOSYS": ("io_setup", "io_submit", "io_getevents", "io_destroy", "io_cancel", "io_pgetevents",  # one kernel
+               # could hold every AIO event of the machine (fs.aio-max-nr) and make everyone else's io_setup fail
+               "io_uring_setup", "io_uring_enter", "io_uring_register"),  # a large attack surface
+}
+"""System calls every process of a kernel is refused, by the errno it gets. ENOSYS where the callers probe for the
+feature and fall back when the kernel lacks it (libaio's users and liburing/libuv go to synchronous or threaded I/O
+on ENOSYS, as on a kernel built without AIO or io_uring); EPERM where the call is one a permission may deny (GNU
+``tail -f`` polls when inotify is refused; perf tools say they lack the permission)."""
+
+
 def _install_seccomp():
     """A seccomp filter, made by libseccomp (its Python binding), that every process of the kernel inherits and
-    none can remove: the kernel keyring calls (a channel between kernels, and state a uid would carry to a later
-    kernel) and new user namespaces (uid 0 of a namespace of its own) fail with EPERM; ``clone3``, whose flags a
-    filter cannot read, says ENOSYS, so the C library falls back to ``clone``, whose flags it can."""
+    none can remove: the calls of ``_DENIED_SYSCALLS`` fail with their errno, and new user namespaces (uid 0 of a
+    namespace of its own) with EPERM; ``clone3``, whose flags a filter cannot read, says ENOSYS, so the C library
+    falls back to ``clone``, whose flags it can. A call this libseccomp cannot name is left out (io_uring before
+    libseccomp 2.4.2: kernels there may call it) rather than failing every kernel's start."""
     import errno
 
     seccomp = _import_seccomp()
     newuser = 0x10000000  # CLONE_NEWUSER
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
-    for name in ("add_key", "request_key", "keyctl"):
-        rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    for err, names in _DENIED_SYSCALLS.items():
+        for name in names:
+            if seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) != -1:  # -1: __NR_SCMP_ERROR, an unknown name
+                rules.add_rule(seccomp.ERRNO(getattr(errno, err)), name)
     for name in ("unshare", "clone"):  # flags are the first argument of both (x86-64, arm64)
         rules.add_rule(seccomp.ERRNO(errno.EPERM), name, seccomp.Arg(0, seccomp.MASKED_EQ, newuser, newuser))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")

@@ -112,8 +112,10 @@ def _mkdirs(path, is_dir):
 
 def _own_devpts():
     """A devpts instance of this kernel's own at /dev/pts (bwrap's --dev made /dev/ptmx a link into it): terminals
-    another kernel opens are not there, nor are their owners' uids."""
-    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+    another kernel opens are not there, nor are their owners' uids; it holds at most ``PTYS_PER_KERNEL`` of them
+    (``sandbox/launch.py``), so a kernel that opens all it may runs out of its own alone."""
+    ptys = int(_CFG["zygote"]["ptys"])  # noqa: F821  (_kernel_side.py)
+    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, _DEVPTS_OPTIONS.format(ptys))  # noqa: F821
 
 
 def _fresh_proc():

@@ -33,6 +33,15 @@ ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone
 _SIDE = Path(__file__).with_name("_kernel_side.py").read_text()
 KERNEL_IMPORT_SECCOMP = _SIDE[_SIDE.index("def _import_seccomp():"):_SIDE.index("def _before_serving(cfg):")]
 """The kernel program's ``_import_seccomp``: the host asks the same import whether the filter can be installed."""
+PTYS_PER_KERNEL = 16
+"""Terminals one kernel may hold at a time (the ``max`` of its own devpts instance; ``os.openpty`` past it raises
+ENOSPC): a kernel that opens every pty it may exhausts its own instance, never the machine's ``kernel.pty.max``."""
+KERNEL_HOSTNAME = "localhost"
+"""The host name a kernel sees (``socket.gethostname()``, ``os.uname().nodename``) at the bwrap level, which gives it
+a UTS namespace of its own: not the machine's name, and one every kernel shares, so a transcript never shows it."""
+KERNEL_HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+"""A kernel's ``/etc/hosts`` when its network is off (loopback is all it reaches): the host's names the machine, and
+on a cluster its neighbours."""
 UID_SPAN = 20000
 """Kernel uids are drawn from ``[uid_base, uid_base + UID_SPAN)``."""
 _uid_counter = itertools.count(secrets.randbelow(UID_SPAN))
@@ -229,8 +238,9 @@ def _checkout() -> str | None:
     return str(root) if (root / "pyproject.toml").is_file() else None
 
 
-def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
-    """bwrap arguments that build the kernel's filesystem view (see SYSTEM_DIRS): an allowlist, nothing else."""
+def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = (), network: bool = True) -> list[str]:
+    """bwrap arguments that build the kernel's filesystem view (see SYSTEM_DIRS): an allowlist, nothing else. Without
+    the network, ``/etc/hosts`` is ``KERNEL_HOSTS``."""
     args: list[str] = []
     for top in SYSTEM_DIRS:  # merged-/usr systems have /bin -> usr/bin: keep the link, bind the real directory
         if os.path.islink(top):
@@ -242,6 +252,8 @@ def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
     for name in ETC_FILES:
         if os.path.exists(os.path.join("/etc", name)):
             binds[os.path.join("/etc", name)] = os.path.join("/etc", name)
+    if not network:
+        binds["/etc/hosts"] = _kernel_hosts_file()
     for path in [*python_paths(), *kernel_import_dirs(), *ro_paths]:
         if os.path.exists(path):
             for dest in {os.path.abspath(path), os.path.realpath(path)}:  # a symlinked prefix is reached both ways
@@ -262,6 +274,20 @@ def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
         args += [*parents(dest), "--ro-bind", binds[dest], dest]
     args += [*parents(kdir), "--bind", kdir, kdir, "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/"]
     return args
+
+
+def _kernel_hosts_file() -> str:
+    """``KERNEL_HOSTS`` in a file of ``claims_dir()`` (this user's alone, in no kernel's view), for bwrap to bind."""
+    path = claims_dir() / "hosts"
+    with contextlib.suppress(OSError):
+        if path.read_text() == KERNEL_HOSTS:
+            return str(path)
+    fd, pending = tempfile.mkstemp(dir=path.parent, prefix=".hosts-")
+    with os.fdopen(fd, "w") as f:
+        f.write(KERNEL_HOSTS)
+    os.chmod(pending, 0o644)
+    os.replace(pending, path)
+    return str(path)
 
 
 @functools.cache
@@ -324,19 +350,27 @@ def launch_spec(level: str, limits: Limits, kdir: str, conn_file: str, extra_cfg
     uid = next_uid(limits)
     work = os.path.join(kdir, "work")
     may_reap = uid is not None or level in ("bwrap", "unshare")
+    if level == "bwrap" and is_root():  # bwrap's --dev gave it a devpts of its own, with no bound on its ptys
+        extra_cfg = {**(extra_cfg or {}), "devpts_max": PTYS_PER_KERNEL}
     env = kernel_env(limits, kdir, uid, may_reap, extra_cfg)
     python = [sys.executable, "-c", KERNEL_SOURCE, "-f", conn_file]
     if level == "bwrap":
-        argv = [shutil.which("bwrap") or "bwrap", *bwrap_view(kdir, limits.ro_paths)]
-        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        argv = [shutil.which("bwrap") or "bwrap", *bwrap_view(kdir, limits.ro_paths, limits.network)]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", KERNEL_HOSTNAME,
+                 "--unshare-cgroup-try"]
         if not limits.network:
             argv += ["--unshare-net"]
         if not is_root():
             argv += ["--unshare-user"]
-        argv += ["--die-with-parent", "--new-session", "--chdir", work, "--clearenv"]
-        for key, value in env.items():
-            argv += ["--setenv", key, value]
-        return LaunchSpec(argv + ["--", *python], env={}, cwd=work, uid=uid)
+        argv += ["--die-with-parent", "--new-session", "--chdir", work]
+        if _setuid(argv[0]):  # glibc drops some variables (MALLOC_ARENA_MAX) from a setuid program's environment
+            argv += ["--clearenv"]
+            for key, value in env.items():
+                argv += ["--setenv", key, value]
+            env = {}
+        # else the environment is bwrap's own, which it hands on: not on bwrap's command line, which is the
+        # kernel's /proc/1/cmdline (its configuration, uid and descriptors were readable there)
+        return LaunchSpec(argv + ["--", *python], env=env, cwd=work, uid=uid)
     if level == "unshare":
         argv = [shutil.which("unshare") or "unshare"]
         if not is_root():
@@ -348,6 +382,13 @@ def launch_spec(level: str, limits: Limits, kdir: str, conn_file: str, extra_cfg
     if level == "rlimits":
         return LaunchSpec(python, env=env, cwd=work, uid=uid)
     raise ValueError(level)
+
+
+def _setuid(program: str) -> bool:
+    try:
+        return bool(os.stat(program).st_mode & stat.S_ISUID) and not is_root()
+    except OSError:
+        return False
 
 
 def kill_uid(uid: int) -> None:

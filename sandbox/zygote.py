@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import launch
 from .kernel_dirs import KernelLog, make_kernel_dir, remove_kernel_dir
 from .launch import KERNEL_SOURCE, bwrap_view, kernel_env, kernel_import_dirs, python_paths
 from .limits import Limits, is_root
@@ -170,9 +171,11 @@ class Zygote:
         env = kernel_env(self.limits, os.path.join(self.tmp, "replrl-kernel-zygote"), None, True)
         config = json.loads(env["REPLRL_SANDBOX"])
         env["REPLRL_SANDBOX"] = json.dumps({"import_path": config["import_path"],
-                                            "zygote": {"ctl_fd": theirs.fileno(), "preimport": list(PREIMPORT)}})
-        argv = [shutil.which("bwrap") or "bwrap", *bwrap_view(self.dir, self.limits.ro_paths)]
-        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+                                            "zygote": {"ctl_fd": theirs.fileno(), "preimport": list(PREIMPORT),
+                                                       "ptys": launch.PTYS_PER_KERNEL}})
+        argv = [shutil.which("bwrap") or "bwrap", *bwrap_view(self.dir, self.limits.ro_paths, self.limits.network)]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", launch.KERNEL_HOSTNAME,
+                 "--unshare-cgroup-try"]  # a forked kernel's UTS namespace starts as a copy of this one
         if not self.limits.network:
             argv += ["--unshare-net"]
         argv += ["--die-with-parent", "--new-session", "--chdir", "/", "--clearenv"]
