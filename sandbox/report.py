@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from .budget import memory_mechanism
-from .launch import seccomp_available
+from .launch import PTYS_PER_KERNEL, seccomp_available
 from .limits import Limits, is_root
 from .zygote import boot_path
 
@@ -18,10 +18,12 @@ def mechanisms(limits: Limits | None = None) -> list[tuple[str, str]]:
     path, why = boot_path(level, limits)
     rows = [("kernel boot", f"{path} ({why})")]
     if seccomp_available():
-        rows.append(("seccomp", "in force: no kernel keyrings (add_key, request_key, keyctl), no user namespaces"))
+        rows.append(("seccomp", "in force: no kernel keyrings (add_key, request_key, keyctl), no user namespaces, "
+                     "no inotify, no perf_event_open (EPERM); no AIO (io_setup, ...), no io_uring (ENOSYS)"))
     else:
         rows.append(("seccomp", "NOT in force: libseccomp or its binding (pyseccomp) is missing here; kernels can "
-                     "use keyrings and make user namespaces (apt-get install libseccomp2; pip install pyseccomp)"))
+                     "use keyrings, AIO, io_uring, inotify and perf_event_open and make user namespaces "
+                     "(apt-get install libseccomp2; pip install pyseccomp)"))
     kind, detail = memory_mechanism()
     if kind == "watchdog":
         rows.append(("memory of a kernel's processes together", f"the host's watchdog, every 0.25 s ({detail})"))
@@ -31,8 +33,13 @@ def mechanisms(limits: Limits | None = None) -> list[tuple[str, str]]:
     rows.append(("kernel directory total", f"a tmpfs of {limits.max_dir_mb} MB in the kernel's own mount namespace"
                  if tmpfs else f"the host's watchdog sums it ({limits.max_dir_mb} MB; the kernel writes to the "
                  "host's disk at this level)"))
-    rows.append(("terminals", "a devpts of each kernel's own" if level == "bwrap" else
-                 "the host's /dev/pts (no filesystem view at this level)"))
+    if level != "bwrap":
+        rows.append(("terminals", "the host's /dev/pts (no filesystem view at this level)"))
+    elif is_root():
+        rows.append(("terminals", f"a devpts of each kernel's own, at most {PTYS_PER_KERNEL} ptys"))
+    else:
+        rows.append(("terminals", "a devpts of each kernel's own (bwrap's), with no bound of its own on its ptys: "
+                     "only a root host can mount one with a bound"))
     return rows
 
 
