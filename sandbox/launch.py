@@ -42,6 +42,10 @@ a UTS namespace of its own: not the machine's name, and one every kernel shares,
 KERNEL_HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 """A kernel's ``/etc/hosts`` when its network is off (loopback is all it reaches): the host's names the machine, and
 on a cluster its neighbours."""
+KERNEL_PASSWD = "root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+KERNEL_GROUP = "root:x:0:\nnogroup:x:65534:\n"
+"""A kernel's ``/etc/passwd`` and ``/etc/group``: root and nobody, not the host's accounts (their names, homes and
+groups). On a host that is not root, whose kernels run as its own uid, that uid is there too, named ``sandbox``."""
 UID_SPAN = 20000
 """Kernel uids are drawn from ``[uid_base, uid_base + UID_SPAN)``."""
 _uid_counter = itertools.count(secrets.randbelow(UID_SPAN))
@@ -240,7 +244,7 @@ def _checkout() -> str | None:
 
 def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = (), network: bool = True) -> list[str]:
     """bwrap arguments that build the kernel's filesystem view (see SYSTEM_DIRS): an allowlist, nothing else. Without
-    the network, ``/etc/hosts`` is ``KERNEL_HOSTS``."""
+    the network, ``/etc/hosts`` is ``KERNEL_HOSTS``; ``/etc/passwd`` and ``/etc/group`` are ``kernel_etc``'s."""
     args: list[str] = []
     for top in SYSTEM_DIRS:  # merged-/usr systems have /bin -> usr/bin: keep the link, bind the real directory
         if os.path.islink(top):
@@ -252,8 +256,8 @@ def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = (), network: bool = True) 
     for name in ETC_FILES:
         if os.path.exists(os.path.join("/etc", name)):
             binds[os.path.join("/etc", name)] = os.path.join("/etc", name)
-    if not network:
-        binds["/etc/hosts"] = _kernel_hosts_file()
+    for name, text in kernel_etc(network).items():
+        binds[os.path.join("/etc", name)] = _etc_file(name, text)
     for path in [*python_paths(), *kernel_import_dirs(), *ro_paths]:
         if os.path.exists(path):
             for dest in {os.path.abspath(path), os.path.realpath(path)}:  # a symlinked prefix is reached both ways
@@ -276,15 +280,25 @@ def bwrap_view(kdir: str, ro_paths: tuple[str, ...] = (), network: bool = True) 
     return args
 
 
-def _kernel_hosts_file() -> str:
-    """``KERNEL_HOSTS`` in a file of ``claims_dir()`` (this user's alone, in no kernel's view), for bwrap to bind."""
-    path = claims_dir() / "hosts"
+def kernel_etc(network: bool) -> dict[str, str]:
+    """The files of a kernel's ``/etc`` made here instead of bound from the host's: name -> text."""
+    passwd, group = KERNEL_PASSWD, KERNEL_GROUP
+    if not is_root():
+        passwd += f"sandbox:x:{os.getuid()}:{os.getgid()}:sandbox:/nonexistent:/usr/sbin/nologin\n"
+        group += f"sandbox:x:{os.getgid()}:\n"
+    return {"passwd": passwd, "group": group, **({} if network else {"hosts": KERNEL_HOSTS})}
+
+
+def _etc_file(name: str, text: str) -> str:
+    """``text`` in the file ``etc-<name>`` of ``claims_dir()`` (this user's alone, in no kernel's view), written once
+    (replaced whole when it differs), for bwrap to bind read-only."""
+    path = claims_dir() / f"etc-{name}"
     with contextlib.suppress(OSError):
-        if path.read_text() == KERNEL_HOSTS:
+        if path.read_text() == text:
             return str(path)
-    fd, pending = tempfile.mkstemp(dir=path.parent, prefix=".hosts-")
+    fd, pending = tempfile.mkstemp(dir=path.parent, prefix=f".etc-{name}-")
     with os.fdopen(fd, "w") as f:
-        f.write(KERNEL_HOSTS)
+        f.write(text)
     os.chmod(pending, 0o644)
     os.replace(pending, path)
     return str(path)

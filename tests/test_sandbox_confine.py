@@ -129,7 +129,8 @@ LOOK = textwrap.dedent("""
         except OSError as e:
             return type(e).__name__
     print(json.dumps({'hostname': socket.gethostname(), 'nodename': os.uname().nodename,
-                      'hosts': read('/etc/hosts'), 'cgroup': read('/proc/self/cgroup'),
+                      'hosts': read('/etc/hosts'), 'passwd': read('/etc/passwd'), 'group': read('/etc/group'),
+                      'cgroup': read('/proc/self/cgroup'),
                       'init_cmdline': read('/proc/1/cmdline'), 'environ': read('/proc/self/environ'),
                       'env': dict(os.environ), 'argv': sys.argv, 'path': sys.path, 'cwd': os.getcwd(),
                       'ppid': os.getppid()}))
@@ -139,10 +140,15 @@ LOOK = textwrap.dedent("""
 @needs_root_bwrap
 @boots
 def test_a_kernel_sees_no_name_of_the_host_its_run_or_its_count(boot):
-    """The host name (its UTS namespace's, and ``/etc/hosts`` without the network) is KERNEL_HOSTNAME; the cgroup it
-    is in is ``/`` of a cgroup namespace of its own, not ``replrl-<host pid>-.../k<its number>``; its init's command
-    line (bwrap's, for a booted kernel) carries no environment or configuration; no path of the checkout shows.
-    Before: the machine's name, ``memory:/replrl-<pid>-<hex>/k<N>``, and ``--setenv REPLRL_SANDBOX {...uid...}``."""
+    """The host name (its UTS namespace's, and ``/etc/hosts`` without the network) is KERNEL_HOSTNAME; ``/etc/passwd``
+    and ``/etc/group`` hold root and nobody, not the host's accounts; the cgroup it is in is ``/`` of a cgroup
+    namespace of its own, not ``replrl-<host pid>-.../k<its number>``; its init's command line (bwrap's, for a booted
+    kernel) carries no environment or configuration; no path of the checkout shows. Before: the machine's name (in
+    ``/etc/hosts`` too), every account of the host, ``memory:/replrl-<pid>-<hex>/k<N>``, and ``--setenv
+    REPLRL_SANDBOX {...uid...}`` on /proc/1/cmdline."""
+    import grp
+    import pwd
+
     (out,) = run_on(BOOTS[boot], LOOK)
     assert out.status == "ok", out
     seen = json.loads(out.output)
@@ -151,6 +157,11 @@ def test_a_kernel_sees_no_name_of_the_host_its_run_or_its_count(boot):
     host = socket.gethostname()
     if host not in ("localhost", KERNEL_HOSTNAME):
         assert host not in seen["hosts"].split(), seen["hosts"]
+    own = {"root", "nobody", "nogroup", "sandbox"}
+    assert {line.split(":")[0] for line in seen["passwd"].splitlines()} <= own, seen["passwd"]
+    assert {line.split(":")[0] for line in seen["group"].splitlines()} <= own, seen["group"]
+    others = {p.pw_name for p in pwd.getpwall()} | {g.gr_name for g in grp.getgrall()}
+    assert not (others - own) & set(seen["passwd"].replace(":", " ").split()), seen["passwd"]
     assert all(line.rsplit(":", 1)[1] == "/" for line in seen["cgroup"].splitlines()), seen["cgroup"]
     assert f"replrl-{os.getpid()}-" not in text
     init_argv = seen["init_cmdline"].split("\0")
