@@ -1,9 +1,13 @@
 """One sandboxed ipykernel: start, execute, interrupt, restart, shutdown.
 
 The kernel process is started by us (not by jupyter_client's KernelManager) so that we own its isolation wrapper,
-its process group and its death notification (a pidfd on the event loop). We talk to it with jupyter_client's
-``Session`` over IPC sockets: the shell channel for requests and the control channel for message-mode interrupts.
-The iopub channel is never subscribed: everything we need comes back in the execute_reply (see _kernel_side.py).
+its process group and its death notification (a pidfd on the event loop). We talk to it over its unix sockets: the
+shell channel for requests and the control channel for message-mode interrupts, each a ZMTP connection the host
+reads itself within budgets (``zmtp.py``: frames and bytes per message, bytes and unanswered messages between two
+requests), with jupyter_client's ``Session`` signing and parsing the messages and ``reply.py`` checking every field
+of a reply. The iopub channel is never subscribed: everything we need comes back in the execute_reply (see
+_kernel_side.py). A kernel whose traffic breaks a budget, or whose reply has the wrong shape, is killed; its line
+ends as a crash that says why.
 
 Recovery ladder for an execution past ``Limits.wall_s``: interrupt; if the kernel is not idle within
 ``Limits.interrupt_grace_s``, kill its whole process tree and replace it. Nothing here raises into the caller for
@@ -26,17 +30,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import zmq
-import zmq.asyncio
 from jupyter_client.session import Session
 
-from . import zygote
+from . import zmtp, zygote
 from .budget import KernelBudget
 from .errors import KernelStartError
 from .kernel_dirs import KernelLog, make_kernel_dir, remove_kernel_dir
 from .launch import kernel_env, kill_uid, launch_spec, next_uid, release_uid, seccomp_available
 from .limits import Limits, is_root
-from .result import ExecResult, StateDigest, ToolCall
+from .reply import Malformed, exec_result
+from .result import ExecResult
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +64,14 @@ class KernelProcess:
             self.nice = 0
         self.dead = asyncio.get_running_loop().create_future()
         self.pending: dict[str, asyncio.Future] = {}
+        self.channels: dict[str, zmtp.Channel] = {}
+        """``shell`` and ``control``: the host's connections to the kernel's sockets."""
+        self.fault: str | None = None
+        """Why the host killed this kernel for its traffic or its reply (the host's words), or None."""
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self._pidfd: int | None = None
-        self._reader: asyncio.Task | None = None
+        self._readers: list[asyncio.Task] = []
         self._closed = False
         self.uid: int | None = None
         self._sock_fd: int | None = None
@@ -176,41 +183,39 @@ class KernelProcess:
         loop.add_reader(self._pidfd, self._on_exit)
         return await self._connect()
 
-    def _sockets(self, reconnect: bool) -> None:
-        """The shell and control sockets, reached through the host's descriptor of ``sock`` (the sockets' path
-        through an fd is also shorter than a unix socket's 108 bytes where the temp directory is deep)."""
-        ctx = zmq.asyncio.Context.instance()
+    async def _channels(self, deadline: float) -> None:
+        """Connect to the shell and control sockets, reached through the host's descriptor of ``sock`` (the path
+        through an fd is also shorter than a unix socket's 108 bytes where the temp directory is deep), retrying
+        until the kernel has bound them; then read each within the kernel's budget."""
+        budget = zmtp.WireBudget.for_output(self.limits.max_output_bytes)
         for name, port in (("shell", 1), ("control", 4)):
-            sock = ctx.socket(zmq.DEALER)
-            sock.linger = 0
-            if not reconnect:
-                sock.setsockopt(zmq.RECONNECT_IVL, -1)
-            sock.connect(f"ipc:///proc/self/fd/{self._sock_fd}/k-{port}")
-            setattr(self, name, sock)
-        self._reader = asyncio.ensure_future(self._read(self.shell))
-        self._control_reader = asyncio.ensure_future(self._read(self.control))
+            self.channels[name] = await zmtp.Channel.connect(f"/proc/self/fd/{self._sock_fd}/k-{port}", budget,
+                                                             deadline, self.dead)
+        self._readers = [asyncio.ensure_future(self._read(chan)) for chan in self.channels.values()]
 
     def _close_sockets(self) -> None:
-        for task in (self._reader, getattr(self, "_control_reader", None)):
-            if task is not None:
-                task.cancel()
-        for sock in (getattr(self, "shell", None), getattr(self, "control", None)):
-            if sock is not None:
-                sock.close(linger=0)
+        for task in self._readers:
+            task.cancel()
+        for chan in self.channels.values():
+            chan.close()
 
     async def _connect(self) -> KernelProcess:
-        """Wait for the kernel's answer on sockets that retry until it has bound them; then lock ``sock`` (root's
-        alone, when the kernel has a uid of its own) and connect for good with sockets that never reconnect: no
-        path the kernel can write is ever resolved again, whatever model-written code later does to its files."""
-        self._sockets(reconnect=True)
-        reply = await self.request("kernel_info_request", {}, timeout=START_TIMEOUT_S)
+        """Connect once, wait for the kernel's answer, then lock ``sock`` (root's alone, when the kernel has a uid of
+        its own). The connections are never made again: no path the kernel can write is resolved after it answers,
+        whatever model-written code later does to its files."""
+        deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
+        try:
+            await self._channels(deadline)
+        except (zmtp.WireFault, zmtp.WireClosed, OSError, asyncio.TimeoutError) as err:
+            raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {err}; "
+                                   f"{self.log_tail()}") from None
+        reply = await self.request("kernel_info_request", {}, timeout=max(deadline - asyncio.get_running_loop().time(),
+                                                                           0.001))
         if reply is None:
-            raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {self.log_tail()}")
+            raise KernelStartError(f"sandboxed kernel ({self.level}) did not start: {self.fault or self.log_tail()}")
         if self.uid is not None:
             os.chown(f"/proc/self/fd/{self._sock_fd}", 0, 0)
             os.chmod(f"/proc/self/fd/{self._sock_fd}", 0o700)
-        self._close_sockets()
-        self._sockets(reconnect=False)
         self.budget.started()
         uid = self.uid if self.level == "rlimits" else None
         self.budget.watch(self.pid or -1, uid, self._kill_from_any_thread)
@@ -246,31 +251,61 @@ class KernelProcess:
     def alive(self) -> bool:
         return not self.dead.done() and not self._closed
 
-    async def _read(self, sock: zmq.asyncio.Socket) -> None:
-        with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+    async def _read(self, chan: zmtp.Channel) -> None:
+        """Deliver each reply to the request it answers, yielding to the event loop after each message; a message
+        that answers nothing (forged, badly signed, replayed) counts against the window's budget. A budget broken
+        kills the kernel (``fault`` says why); the kernel closing its socket ends the reader (its death follows)."""
+        try:
             while True:
-                frames = await sock.recv_multipart(copy=True)
-                try:
-                    _, frames = self.session.feed_identities(frames, copy=True)
-                    msg = self.session.deserialize(frames, content=True, copy=True)
-                except Exception:  # a malformed or forged message: ignore it
-                    continue
-                fut = self.pending.pop(msg["parent_header"].get("msg_id"), None)
-                if fut is not None and not fut.done():
+                frames = await chan.recv()
+                msg_id, msg = self._parse(frames)
+                fut = self.pending.pop(msg_id, None) if msg_id is not None else None
+                if fut is None:
+                    chan.stray()
+                elif not fut.done():
                     fut.set_result(msg)
+                await asyncio.sleep(0)
+        except (asyncio.CancelledError, zmtp.WireClosed):
+            pass
+        except zmtp.WireFault as fault:
+            self.end(f"its traffic broke the host's budget: {fault}")
+
+    def _parse(self, frames: list[bytes]) -> tuple[str | None, dict | None]:
+        """(the id of the request a message answers, the message) if it is signed with this kernel's key and has a
+        request id; else (None, None). Never raises."""
+        try:
+            _, frames = self.session.feed_identities(frames, copy=True)
+            msg = self.session.deserialize(frames, content=True, copy=True)
+            parent = msg.get("parent_header")
+            msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+            return (msg_id, msg) if isinstance(msg_id, str) else (None, None)
+        except Exception:  # a malformed, forged or replayed message: it answers nothing
+            return None, None
+
+    def end(self, why: str) -> None:
+        """Kill the kernel now for what it sent (``why``, the host's words: no bytes of the kernel's); waiters see it
+        dead at once, and ``fault`` says why."""
+        if self.fault is None:
+            self.fault = why
+            log.warning("sandboxed kernel %s killed: %s", self.pid, why)
+        self._kill_from_any_thread()
+        if not self.dead.done():
+            self.dead.set_result(True)
 
     def send(self, msg_type: str, content: dict, *, control: bool = False) -> asyncio.Future:
         msg = self.session.msg(msg_type, content)
         fut = asyncio.get_running_loop().create_future()
         self.pending[msg["header"]["msg_id"]] = fut
-        self.session.send(self.control if control else self.shell, msg)
+        chan = self.channels.get("control" if control else "shell")
+        if chan is not None:
+            chan.send(self.session.serialize(msg))
         return fut
 
     async def wait(self, fut: asyncio.Future, timeout: float) -> dict | None:
         """The reply, or None if the kernel died or ``timeout`` passed first."""
         if not fut.done():
             await asyncio.wait((fut, self.dead), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        return fut.result() if fut.done() else None
+        return fut.result() if fut.done() and not fut.cancelled() else None
 
     async def request(self, msg_type: str, content: dict, timeout: float) -> dict | None:
         return await self.wait(self.send(msg_type, content), timeout)
@@ -420,14 +455,19 @@ class Kernel:
             died = not proc.alive
             if died and log.isEnabledFor(logging.INFO):  # the log is read only when it will be shown
                 log.info("sandboxed kernel died: %s", proc.log_tail())
-            limit = proc.budget.reason() if died and proc.budget is not None else None
+            limit = proc.fault or (proc.budget.reason() if died and proc.budget is not None else None)
             self._lose(proc)
             return ExecResult("crashed" if died and status != "timeout" else status, restarted=True,
                               error_name=None, duration_s=time.perf_counter() - t0, limit=limit)
-        result = _result(reply, status, time.perf_counter() - t0)
-        limit = proc.budget.reason() if proc.budget is not None else None
-        if limit is not None:  # a total was hit during the line (one of its processes was killed for it): the
-            self._lose(proc)   # kernel goes with it, and the episode ends as a crash that says why
+        try:
+            result = exec_result(reply.get("content"), status, time.perf_counter() - t0,
+                                 self.limits.max_output_bytes, self.tools)
+        except Malformed as err:  # code inside the kernel forged it: the kernel goes, the line says why
+            proc.end(f"a malformed reply ({err})")
+            result = ExecResult("crashed", duration_s=time.perf_counter() - t0)
+        limit = proc.fault or (proc.budget.reason() if proc.budget is not None else None)
+        if limit is not None:  # a total was hit during the line (one of its processes was killed for it), or its
+            self._lose(proc)   # traffic broke a budget: the kernel goes with it, and the line is a crash that says why
             result.status, result.restarted, result.limit = "crashed", True, limit
         return result
 
@@ -462,33 +502,3 @@ class Kernel:
 def _exec_content(code: str, **opts: Any) -> dict:
     return {"code": code, "silent": True, "store_history": False, "user_expressions": opts,
             "allow_stdin": False, "stop_on_error": False}
-
-
-def _result(reply: dict, status: str, duration: float) -> ExecResult:
-    data = reply["content"].get("replrl")
-    if data is None:  # the kernel answered but not with our payload: treat as a broken kernel
-        return ExecResult("crashed", duration_s=duration, error_name=reply["content"].get("ename"))
-    try:  # code running inside the kernel process could forge the payload: its shape is checked, never trusted
-        error = data.get("error_name")
-        if status == "ok" and error:
-            status = "error"
-        calls = [ToolCall(c["name"], list(c["args"]), dict(c.get("kwargs", {}))) for c in data["calls"]]
-        if not isinstance(data["output"], str) or not all(isinstance(c.name, str) for c in calls):
-            raise TypeError("malformed reply")
-        return ExecResult(status, output=data["output"], error_name=error if isinstance(error, str) else None,
-                          duration_s=duration, truncated=bool(data["truncated"]), incomplete=bool(data["incomplete"]),
-                          tool_calls=calls, state=_state(data.get("state")))
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return ExecResult("crashed", duration_s=duration, error_name="MalformedReply")
-
-
-def _state(data: Any) -> StateDigest | None:
-    """The digest in a reply, if it has the shape the kernel makes (user code could forge it: nothing else is read)."""
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) and len(data[k]) <= 64
-                                             for k in ("named", "values")):
-        return None
-    number = (int, float)
-    return StateDigest(data["named"], data["values"],
-                       ms=float(data["ms"]) if isinstance(data.get("ms"), number) else 0.0,
-                       marked=int(data["marked"]) if isinstance(data.get("marked"), int) else 0,
-                       names=int(data["names"]) if isinstance(data.get("names"), int) else 0)
