@@ -207,6 +207,11 @@ class RolloutConfig:
     """When the kernel pool starts the fresh kernels that replace used ones: idle (once no episode runs, i.e. during
     the update, at a lower priority: no rollout shares the CPU with kernels booting) or eager (as soon as one is
     taken, beside the rollout, as replrl did before; bench/backends.py --refill compares the two)."""
+    kernel_hosts: int = -1
+    """Processes that own the kernels (docs/rollouts.md, "Processes"): 0 runs every kernel's traffic in the
+    trainer's own process; N > 0 spreads the kernels over N kernel-host processes, so the trainer's process sees one
+    checked message per line (on a GPU at batch 128 one process doing everything saturated a core); -1 (auto): one
+    host per 16 CPUs, at most 8, on a machine of more than 4 CPUs, else 0 (on 2 cores a host adds CPU per line)."""
     kernel_fork_server: bool = True
     """Fork each episode's kernel from a pre-imported parent inside the sandbox (a fresh kernel costs about a tenth of
     a boot's CPU; same namespaces, view, uid and limits: docs/sandbox.md). Used at the bwrap level when replrl runs
@@ -251,6 +256,8 @@ class RolloutConfig:
             raise ConfigError("rollout.top_p must be in (0, 1]")
         check_choice("rollout.isolation", self.isolation, ("auto", "bwrap", "unshare", "rlimits"))
         check_choice("rollout.kernel_refill", self.kernel_refill, ("idle", "eager"))
+        if self.kernel_hosts < -1:
+            raise ConfigError("rollout.kernel_hosts must be -1 (auto), 0 (the trainer's process) or a number of hosts")
         if self.dynamic_sampling_extra_waves < 0:
             raise ConfigError("rollout.dynamic_sampling_extra_waves must be >= 0")
         if self.dynamic_sampling_probe and not self.dynamic_sampling:
@@ -270,6 +277,13 @@ class RolloutConfig:
 
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_line_tokens=self.max_line_tokens, seed=self.seed if seed is None else seed)
+
+    def kernel_pool(self, size: int, tools, limits=None):
+        """The kernel pool of ``size`` kernels for this config (not started): in the trainer's process or in
+        kernel-host processes (``kernel_hosts``), with ``kernel_refill``."""
+        from sandbox.hosts import open_pool
+
+        return open_pool(size, limits or self.limits(), tools, self.kernel_refill, self.kernel_hosts)
 
     def limits(self):
         from sandbox import Limits

@@ -32,8 +32,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sandbox import KernelPool, run_sync
+from sandbox import run_sync
 from sandbox.limits import hides_host_files
+from sandbox.protocols import Pool
 
 from . import checkpoint
 from .advantages import (
@@ -345,8 +346,8 @@ class Trainer:
         # own kernel uids per rank of this machine (uids are per machine: the local rank, not the global one)
         limits = dataclasses.replace(cfg.rollout.limits(),
                                      uid_base=70000 + 20000 * self.accelerator.local_process_index)
-        pool = run_sync(KernelPool(size=cfg.rollout.group_size * local_problems, limits=limits,
-                                   tools=self.task.tools, refill=cfg.rollout.kernel_refill).start())
+        pool = run_sync(cfg.rollout.kernel_pool(cfg.rollout.group_size * local_problems, self.task.tools,
+                                                limits).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
             if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
@@ -520,7 +521,7 @@ class Trainer:
         else:
             log.warning("%s: finishing this step, saving a checkpoint, then exiting (again to abort)", what)
 
-    def env(self, pool: KernelPool, task: Any = None, rules: EpisodeRules | None = None) -> Env:
+    def env(self, pool: Pool, task: Any = None, rules: EpisodeRules | None = None) -> Env:
         """What this step's episodes run with: the policy's generator, ``pool``, ``task`` and its ``rules`` (the
         training task's by default), the reward weights scheduled for this step, ``[model]``'s chat template."""
         model = self.cfg.model
@@ -531,7 +532,7 @@ class Trainer:
         """Problems this rank samples a step (the kernel pool holds ``group_size`` kernels for each)."""
         return -(-self.cfg.rollout.problems_per_step // self.world)
 
-    def train_step(self, pool: KernelPool) -> StepResult:
+    def train_step(self, pool: Pool) -> StepResult:
         """One training step, its six stages; the step's figures are written, and returned with this rank's
         episodes."""
         cfg, t_step = self.cfg, time.perf_counter()
@@ -760,7 +761,7 @@ class Trainer:
         return out
 
     # -- evaluation and checkpoints --------------------------------------------------------------------------
-    def evaluate(self, pool: KernelPool, n: int | None = None, desc: str = "eval", which: str = "eval",
+    def evaluate(self, pool: Pool, n: int | None = None, desc: str = "eval", which: str = "eval",
                  episodes: list[Trajectory] | None = None, waves: EvalWaves | None = None,
                  stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """Accuracy and per-line statistics on a held-out task (same sampling code as training): ``which`` is
@@ -776,7 +777,7 @@ class Trainer:
         with tqdm(total=n * k, desc=desc, unit="episode", disable=not self.progress, leave=False) as bar:
             return evaluate(env, held.cfg, n, k, progress=bar, episodes=episodes, waves=waves, stop=stop)
 
-    def evaluate_all(self, pool: KernelPool, when: str = "") -> None:
+    def evaluate_all(self, pool: Pool, when: str = "") -> None:
         """Every held-out task (eval, then transfer and each run.extra_eval if set): figures logged as eval/<m>,
         transfer/<m> and eval_<label>/<m> at this step, episodes appended to eval_samples.jsonl, and kept in
         ``evals`` (under ``when``, default "after").

@@ -23,6 +23,7 @@ from typing import Any
 
 from . import host_protocol as hp
 from .limits import Limits
+from .pool import KernelPool
 from .reply import Malformed
 from .result import ExecResult
 
@@ -333,3 +334,20 @@ class HostedPool:
                 return True
             await asyncio.sleep(0.05)
         return False
+
+
+def auto_hosts(cpus: int | None = None) -> int:
+    """Kernel hosts for ``kernel_hosts = -1``: one per 16 CPUs, at most 8, on a machine of more than 4 CPUs; else 0
+    (on a small machine a host's own CPU per line costs more than the trainer's process saves)."""
+    cpus = cpus or os.cpu_count() or 1
+    return 0 if cpus <= 4 else min(8, max(1, cpus // 16))
+
+
+def open_pool(size: int, limits: Limits, tools: Sequence[str] = (), refill: str = "idle",
+              hosts: int = -1) -> KernelPool | HostedPool:
+    """The pool for ``hosts`` (-1: ``auto_hosts()``; 0: a ``KernelPool`` in this process; N: a ``HostedPool`` of N
+    hosts), not started: ``await pool.start()`` or ``async with``."""
+    hosts = auto_hosts() if hosts < 0 else hosts
+    if hosts == 0:
+        return KernelPool(size=size, limits=limits, tools=tools, refill=refill)  # type: ignore[arg-type]
+    return HostedPool(size=size, limits=limits, tools=tools, refill=refill, hosts=hosts)

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sandbox.protocols import Pool
+
 
 def _rollout_default(name: str) -> Any:
     """A field whose default is ``RolloutConfig``'s (config.py: the one home of defaults), read when the object is
@@ -64,7 +66,7 @@ class Env:
 
     generator: Any
     """The ``Generator`` (``replrl.backends``) episodes sample their lines from."""
-    pool: Any
+    pool: Pool
     """The started ``KernelPool`` (with the task's tools) episodes execute their lines in."""
     task: Any
     """The ``Task``: a problem's header, its setup, its answer check."""
@@ -111,7 +113,7 @@ def open_env(cfg: Any, *, pool_size: int, generator: Any = None, task: Any = Non
     as they are and left open; None: opened here from the config (the policy by ``policy.load_policy`` and
     ``backends.open_generator``, the task by ``task_from_config``). On exit, what was opened here is closed: the
     pool, and a generator made here (a vLLM engine holds processes and GPU memory)."""
-    from sandbox import KernelPool, run_sync
+    from sandbox import run_sync
 
     from ..backends import close_generator, open_generator
     from ..evaluation import task_from_config
@@ -125,7 +127,7 @@ def open_env(cfg: Any, *, pool_size: int, generator: Any = None, task: Any = Non
             generator = open_generator(cfg.model, policy, tokenizer)
             opened.callback(close_generator, generator)
         task = task_from_config(cfg) if task is None else task
-        pool = run_sync(KernelPool(size=pool_size, limits=cfg.rollout.limits(), tools=task.tools).start())
+        pool = run_sync(cfg.rollout.kernel_pool(pool_size, task.tools).start())
         opened.callback(lambda: run_sync(pool.close()))
         rewards = RewardModel.from_config(cfg.rewards).at(step) if rewards is None else rewards
         yield Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout), rewards,
