@@ -19,6 +19,28 @@ there; the kernel's OOM kill stays inside its cgroup.
 The working directory is a tmpfs of ``Limits.max_dir_mb`` mounted in the kernel's own mount namespace (see
 ``_kernel_side.py``), so its total needs no watching; where a kernel has no mount namespace (the rlimits level, a
 non-root host) the watchdog also sums the directory's bytes.
+
+**CPU of all of a kernel's processes together** (``CPU_CORES``, one CPU's worth; ``cpu_mechanism()``): a line may
+return at once and leave busy processes behind, in sessions of their own; on the 2-core host of issue 64 they made
+the host 28x slower for the rest of the episode, and another kernel's line took 168 ms instead of 3 ms. Bounded by
+
+- **cgroup v2**: ``cpu.max`` on the kernel's cgroup (its memory cgroup, with the cpu controller enabled beside
+  memory), or **cgroup v1** with ``cpu`` mounted together with ``memory``: ``cpu.cfs_quota_us`` per period. The
+  kernel joins that cgroup itself, before its cgroup namespace is made (``_kernel_side._confine``);
+- **watchdog** everywhere else (cgroup v1 with ``cpu`` mounted apart, as on the 2-core host; containers without
+  delegation): every ``WATCH_EVERY_S`` the host's watchdog sums the CPU time of the kernel's processes (its tree
+  from its first process and its uid's; a process reaped inside the tree stays counted in its parent's children's
+  time) and keeps a bucket of ``CPU_CORES`` CPU-seconds per second, at most ``CPU_BURST_S`` worth. While the
+  bucket is empty every process of the kernel is stopped (SIGSTOP, which no process can catch), and continued
+  (SIGCONT) once it has refilled; a kernel it stopped is measured every ``CPU_HOT_EVERY_S`` for a while. On the
+  2-core host six spinners left behind get 0.98 CPU. Less exact than a cgroup: a process that is born, burns and
+  is reaped by a parent that ignores SIGCHLD between two measurements is not counted, and a stop lasts at most
+  about ``CPU_BURST_S``, so on a host of many cores a kernel that keeps every core busy gets more than its bound
+  (about ``cores * CPU_HOT_EVERY_S`` CPU-seconds per ``CPU_BURST_S`` stopped).
+
+A cpu cgroup of its own in a v1 ``cpu`` hierarchy apart from ``memory`` would need the kernel to join it through
+a second descriptor before it makes its cgroup namespace (the host moving it later shows the cgroup's host name,
+``replrl-<pid>-<hex>/k<N>``, in the kernel's ``/proc/self/cgroup``); the kernel program joins one.
 """
 
 from __future__ import annotations
@@ -28,6 +50,7 @@ import functools
 import logging
 import os
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +60,19 @@ log = logging.getLogger(__name__)
 
 WATCH_EVERY_S = 0.25
 """How often the watchdog measures every kernel it watches."""
+CPU_CORES = 1.0
+"""CPUs' worth of time all of a kernel's processes together may use (a line that spreads over processes of its own
+gets one CPU in total): ``cpu.max`` / ``cpu.cfs_quota_us`` of ``CPU_CORES * CPU_PERIOD_US`` per period."""
+CPU_PERIOD_US = 100_000
+CPU_BURST_S = 0.5
+"""The watchdog's bucket (no cpu cgroup): a kernel may run ``CPU_BURST_S`` seconds' worth of ``CPU_CORES`` ahead of
+its bound before it is stopped (a line that starts a few processes for a moment is not stopped at once), and owes at
+most as much: one stop lasts at most about ``CPU_BURST_S`` (a fork bomb reaped after its line's timeout does not
+leave the kernel stopped for seconds)."""
+CPU_HOT_EVERY_S = 0.05
+"""How often the watchdog measures a kernel it stopped in the last ``CPU_HOT_S`` (so that on a host of many cores
+the CPU a kernel takes between two measurements, and its stops, stay short)."""
+CPU_HOT_S = 2.0
 _PREFIX = "replrl-"
 
 
@@ -81,6 +117,8 @@ class _Tree:
     version: int
     parent: str
     swap_file: str | None
+    cpu: bool = False
+    """Whether the same cgroups bound CPU too (v2 with the cpu controller, v1 with cpu mounted with memory)."""
 
 
 def _try_v2() -> tuple[_Tree | None, str]:
@@ -95,12 +133,23 @@ def _try_v2() -> tuple[_Tree | None, str]:
             return None, "cgroup v2 without the memory controller delegated"
         if "memory" not in _read(os.path.join(base, "cgroup.subtree_control")).split():
             _write(os.path.join(base, "cgroup.subtree_control"), "+memory")  # EBUSY while our cgroup has processes
+        cpu = "cpu" in controllers
+        if cpu and "cpu" not in _read(os.path.join(base, "cgroup.subtree_control")).split():
+            try:
+                _write(os.path.join(base, "cgroup.subtree_control"), "+cpu")
+            except OSError:
+                cpu = False
         parent = os.path.join(base, f"{_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
         os.mkdir(parent)
         _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+        if cpu:
+            try:
+                _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
+            except OSError:
+                cpu = False
     except OSError as err:
         return None, f"cgroup v2 not writable here ({err.strerror})"
-    return _Tree(2, parent, "memory.swap.max"), "cgroup v2"
+    return _Tree(2, parent, "memory.swap.max", cpu), "cgroup v2"
 
 
 def _try_v1() -> tuple[_Tree | None, str]:
@@ -115,7 +164,8 @@ def _try_v1() -> tuple[_Tree | None, str]:
         return None, f"cgroup v1 memory hierarchy not writable here ({err.strerror})"
     swap = "memory.memsw.limit_in_bytes" if os.path.exists(os.path.join(parent, "memory.memsw.limit_in_bytes")) \
         else None
-    return _Tree(1, parent, swap), "cgroup v1"
+    cpu = os.path.exists(os.path.join(parent, "cpu.cfs_quota_us"))  # cpu mounted together with memory
+    return _Tree(1, parent, swap, cpu), "cgroup v1"
 
 
 _tree: _Tree | None = None
@@ -151,6 +201,23 @@ def _remove_tree() -> None:
         for name in _children(_tree.parent):
             _rmdir_cgroup(os.path.join(_tree.parent, name), wait_s=0.5)
         _rmdir_cgroup(_tree.parent, wait_s=0.5)
+
+
+@functools.cache
+def cpu_mechanism() -> tuple[str, str]:
+    """(mechanism, why) for the CPU of a kernel's processes together: "cgroup v2" or "cgroup v1" where the kernel's
+    memory cgroup bounds its CPU too, else "watchdog" (see the module docstring)."""
+    kind, _ = memory_mechanism()
+    if _tree is not None and _tree.cpu:
+        return kind, f"cpu.max of {CPU_CORES:g} CPU on the kernel's cgroup" if _tree.version == 2 else \
+            f"cpu.cfs_quota_us of {CPU_CORES:g} CPU on the kernel's cgroup"
+    if kind == "watchdog":
+        why = "no cgroup for the kernel"
+    elif _tree is not None and _tree.version == 2:
+        why = "the cpu controller is not delegated to this process's cgroup"
+    else:
+        why = "cgroup v1 with cpu mounted apart from memory"
+    return "watchdog", why
 
 
 def _children(path: str) -> list[str]:
@@ -212,40 +279,45 @@ class KernelBudget:
     _root_pid: int | None = None
     _uid: int | None = None
     _kill: Callable[[], None] | None = field(default=None, repr=False)
+    cpu_cores: float | None = None
+    """CPUs' worth of time all of the kernel's processes may use together (``CPU_CORES``; None: unbounded)."""
+    cpu_bounded: bool = False
+    """Whether the kernel's cgroup bounds its CPU (else the watchdog does)."""
+    stopped: bool = False
+    """Whether the watchdog holds the kernel's processes stopped (its CPU bucket is empty)."""
+    stops: int = 0
+    """How many times the watchdog stopped the kernel for its CPU."""
+    _cpu_last: tuple[float, float] | None = field(default=None, repr=False)
+    """The watchdog's last (time, CPU seconds of the kernel's processes)."""
+    _cpu_bucket: float = 0.0
+    _cpu_hot_until: float = 0.0
 
     @classmethod
-    def open(cls, memory_bytes: int | None, dir_bytes: int | None, watch_dir: str | None = None) -> KernelBudget:
-        global _counter
-        budget = cls(memory_bytes, dir_bytes, watch_dir)
+    def open(cls, memory_bytes: int | None, dir_bytes: int | None, watch_dir: str | None = None,
+             cpu_cores: float | None = CPU_CORES) -> KernelBudget:
+        budget = cls(memory_bytes, dir_bytes, watch_dir, cpu_cores=cpu_cores)
         mechanism, _ = memory_mechanism()
+        cpu_mechanism()
         flush()
-        if memory_bytes is None or _tree is None:
-            return budget
-        with _tree_lock:
-            _counter += 1
-            name = f"k{_counter}"
-        path = os.path.join(_tree.parent, name)
-        try:
-            os.mkdir(path)
-            if _tree.version == 2:
-                _write(os.path.join(path, "memory.max"), str(memory_bytes))
-                with contextlib.suppress(OSError):
-                    _write(os.path.join(path, "memory.swap.max"), "0")
-                with contextlib.suppress(OSError):
-                    _write(os.path.join(path, "memory.oom.group"), "1")
-            else:
-                _write(os.path.join(path, "memory.limit_in_bytes"), str(memory_bytes))
-                if _tree.swap_file:
-                    with contextlib.suppress(OSError):
-                        _write(os.path.join(path, _tree.swap_file), str(memory_bytes))
-            budget._procs_fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-            events = "memory.events" if _tree.version == 2 else "memory.oom_control"
-            budget._events_fd = os.open(os.path.join(path, events), os.O_RDONLY | os.O_CLOEXEC)
-            budget.cgroup = path
-        except OSError as err:
-            log.warning("sandbox: could not make a %s for a kernel (%s): the watchdog bounds its memory", mechanism,
-                        err)
-            _rmdir_cgroup(path, wait_s=0.0)
+        cpu_here = cpu_cores is not None and _tree is not None and _tree.cpu
+        if _tree is not None and (memory_bytes is not None or cpu_here):
+            path = _new_cgroup(_tree.parent)
+            try:
+                os.mkdir(path)
+                if memory_bytes is not None:
+                    _limit_memory(path, memory_bytes)
+                if cpu_here:
+                    _limit_cpu(path, _tree.version, cpu_cores)
+                    budget.cpu_bounded = True
+                budget._procs_fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+                events = "memory.events" if _tree.version == 2 else "memory.oom_control"
+                budget._events_fd = os.open(os.path.join(path, events), os.O_RDONLY | os.O_CLOEXEC)
+                budget.cgroup = path
+            except OSError as err:
+                log.warning("sandbox: could not make a %s for a kernel (%s): the watchdog bounds its memory and CPU",
+                            mechanism, err)
+                budget.cpu_bounded = False
+                _rmdir_cgroup(path, wait_s=0.0)
         return budget
 
     @property
@@ -270,9 +342,10 @@ class KernelBudget:
 
     def watch(self, root_pid: int, uid: int | None, kill: Callable[[], None]) -> None:
         """Have the watchdog measure this kernel (its process tree from ``root_pid``, and every process of ``uid``)
-        when no cgroup bounds its memory, or when its directory has no bounded tmpfs."""
+        when no cgroup bounds its memory or its CPU, or when its directory has no bounded tmpfs."""
         self._root_pid, self._uid, self._kill = root_pid, uid, kill
-        if (self.cgroup is None and self.memory_bytes is not None) or (self.watch_dir and self.dir_bytes):
+        if (self.cgroup is None and self.memory_bytes is not None) or (self.watch_dir and self.dir_bytes) or \
+                (self.cpu_cores is not None and not self.cpu_bounded):
             _watchdog().add(self)
 
     def reason(self) -> str | None:
@@ -311,6 +384,37 @@ _pending: list[str] = []
 """Kernel cgroups whose removal found a process still in them."""
 
 
+def _new_cgroup(parent: str) -> str:
+    global _counter
+    with _tree_lock:
+        _counter += 1
+        return os.path.join(parent, f"k{_counter}")
+
+
+def _limit_memory(path: str, memory_bytes: int) -> None:
+    assert _tree is not None
+    if _tree.version == 2:
+        _write(os.path.join(path, "memory.max"), str(memory_bytes))
+        with contextlib.suppress(OSError):
+            _write(os.path.join(path, "memory.swap.max"), "0")
+        with contextlib.suppress(OSError):
+            _write(os.path.join(path, "memory.oom.group"), "1")
+    else:
+        _write(os.path.join(path, "memory.limit_in_bytes"), str(memory_bytes))
+        if _tree.swap_file:
+            with contextlib.suppress(OSError):
+                _write(os.path.join(path, _tree.swap_file), str(memory_bytes))
+
+
+def _limit_cpu(path: str, version: int, cores: float) -> None:
+    quota = max(1000, int(cores * CPU_PERIOD_US))
+    if version == 2:
+        _write(os.path.join(path, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+    else:
+        _write(os.path.join(path, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+        _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+
+
 def flush(wait_s: float = 0.0) -> int:
     """Remove the kernel cgroups left pending (waiting up to ``wait_s`` for each); returns how many remain."""
     for path in list(_pending):
@@ -346,22 +450,36 @@ class _Watchdog:
                 self.budgets.remove(budget)
 
     def _run(self) -> None:
+        last_full = 0.0
         while True:
-            time.sleep(WATCH_EVERY_S)
             with self.lock:
                 budgets = list(self.budgets)
+            now = time.monotonic()
+            hot = [b for b in budgets if b._cpu_hot_until > now and _cpu_watched(b)]
+            time.sleep(CPU_HOT_EVERY_S if hot else WATCH_EVERY_S)
             if not budgets:
                 continue
             try:
-                self.check(budgets)
+                if time.monotonic() - last_full >= WATCH_EVERY_S * 0.9:
+                    last_full = time.monotonic()
+                    self.check(budgets)
+                else:  # between two full rounds: only the CPU of the kernels that were stopped a moment ago
+                    for budget in hot:
+                        if budget.over is None and budget._root_pid is not None:
+                            _check_cpu(budget, _descendants(budget._root_pid) if budget._uid is None else
+                                       _tree_of(_processes(), budget._root_pid, budget._uid))
             except Exception:  # the watchdog must outlive anything it measures
                 log.debug("sandbox watchdog: measuring failed", exc_info=True)
 
     def check(self, budgets: list[KernelBudget]) -> None:
-        procs = _processes() if any(b.cgroup is None and b.memory_bytes for b in budgets) else {}
+        full = any((b.cgroup is None and b.memory_bytes) or (_cpu_watched(b) and b._uid is not None) for b in budgets)
+        procs = _processes() if full else {}  # every process of the host: only to sum memory, or to find a uid's
         for budget in budgets:
             if budget.over is not None or budget._kill is None:
                 continue
+            if _cpu_watched(budget) and budget._root_pid is not None:
+                _check_cpu(budget, _tree_of(procs, budget._root_pid, budget._uid) if budget._uid is not None
+                           else _descendants(budget._root_pid))
             if budget.cgroup is None and budget.memory_bytes and budget._root_pid is not None:
                 used = sum(procs[p][2] for p in _tree_of(procs, budget._root_pid, budget._uid))
                 if used > budget.memory_bytes:
@@ -373,6 +491,68 @@ class _Watchdog:
                 log.info("sandbox: kernel stopped: %s", budget.over)
                 with contextlib.suppress(Exception):
                     budget._kill()
+
+
+def _cpu_watched(budget: KernelBudget) -> bool:
+    return budget.cpu_cores is not None and not budget.cpu_bounded
+
+
+def _check_cpu(budget: KernelBudget, pids: set[int]) -> None:
+    """The watchdog's CPU bound (no cpu cgroup): a bucket refilled with ``cpu_cores`` CPU-seconds per second (at
+    most ``CPU_BURST_S`` worth) pays for what the kernel's processes used since the last tick; while it is empty,
+    they are all stopped."""
+    assert budget.cpu_cores is not None
+    now, used = time.monotonic(), _cpu_seconds(pids)
+    last, budget._cpu_last = budget._cpu_last, (now, used)
+    full = budget.cpu_cores * CPU_BURST_S
+    if last is None:
+        budget._cpu_bucket = full
+        return
+    bucket = min(full, budget._cpu_bucket + budget.cpu_cores * (now - last[0])) - max(0.0, used - last[1])
+    budget._cpu_bucket = max(bucket, -full)
+    stop = bucket < 0
+    if stop or budget.stopped:  # stopped: again, for a process that escaped the last round; continued: every one
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP if stop else signal.SIGCONT)
+    if stop and not budget.stopped:
+        budget.stops += 1
+    if stop:
+        budget._cpu_hot_until = now + CPU_HOT_S
+    budget.stopped = stop
+
+
+def _descendants(root: int) -> set[int]:
+    """``root`` and its descendants, through each thread's ``children`` (a few files a kernel, where a scan of every
+    process of a busy host costs 30 ms)."""
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        found.add(pid)
+        for tid in tids:
+            with contextlib.suppress(OSError, ValueError):
+                todo += [int(c) for c in _read(f"/proc/{pid}/task/{tid}/children").split()]
+    return found
+
+
+def _cpu_seconds(pids: set[int]) -> float:
+    """CPU seconds of ``pids`` and of their children that they have reaped (utime, stime, cutime, cstime): a child
+    that ended inside the kernel's tree stays counted."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks += sum(int(v) for v in fields[11:15])  # fields 14-17 of stat(5)
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 _dog: _Watchdog | None = None

@@ -137,7 +137,7 @@ class KernelProcess:
         with open(os.path.join(self.kdir, "connection.json"), "x") as f:
             json.dump({"transport": "ipc", "ip": os.path.join(view, "sock", "k"), "key": key,
                        "signature_scheme": "hmac-sha256", **PORTS}, f)
-        self.log = KernelLog.create(os.path.join(self.kdir, "kernel.log"))
+        self.log = KernelLog.create()  # a pipe drained into a bounded tail: nothing of the kernel on the host's disk
         memory = self.limits.memory_mb * 2**20 if self.limits.memory_mb else None
         watch = None if self._work_tmpfs else os.path.join(self.kdir, "work")
         self.budget = KernelBudget.open(memory, self.limits.max_dir_mb * 2**20, watch_dir=watch)
@@ -311,8 +311,8 @@ class KernelProcess:
         return await self.wait(self.send(msg_type, content), timeout)
 
     def log_tail(self, n: int = 600) -> str:
-        """The last ``n`` bytes the kernel wrote to its log, read through the host's own descriptor (never by path:
-        the kernel may have replaced the name with a FIFO or a link)."""
+        """The last ``n`` bytes the kernel wrote to its stdout and stderr (a pipe the host drains into a tail of 4 KiB,
+        ``KernelLog``), quoted with ``ascii()``: safe to put in a log line."""
         return self.log.tail(n) if self.log is not None else "(no log)"
 
     def kill(self) -> None:

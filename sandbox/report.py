@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .budget import memory_mechanism
+from .budget import CPU_BURST_S, CPU_CORES, WATCH_EVERY_S, cpu_mechanism, memory_mechanism
 from .launch import PTYS_PER_KERNEL, seccomp_available
 from .limits import Limits, is_root
 from .zygote import boot_path
@@ -29,6 +29,13 @@ def mechanisms(limits: Limits | None = None) -> list[tuple[str, str]]:
         rows.append(("memory of a kernel's processes together", f"the host's watchdog, every 0.25 s ({detail})"))
     else:
         rows.append(("memory of a kernel's processes together", f"{kind} ({detail})"))
+    kind, detail = cpu_mechanism()
+    if kind == "watchdog":
+        rows.append(("CPU of a kernel's processes together", f"the host's watchdog, every {WATCH_EVERY_S:g} s: "
+                     f"all of them stopped (SIGSTOP) while they are more than {CPU_BURST_S:g} s of {CPU_CORES:g} CPU "
+                     f"ahead ({detail})"))
+    else:
+        rows.append(("CPU of a kernel's processes together", f"{kind} ({detail})"))
     tmpfs = path == "forked" or level == "unshare" or (level == "bwrap" and is_root())
     rows.append(("kernel directory total", f"a tmpfs of {limits.max_dir_mb} MB in the kernel's own mount namespace"
                  if tmpfs else f"the host's watchdog sums it ({limits.max_dir_mb} MB; the kernel writes to the "

@@ -182,7 +182,7 @@ class Zygote:
         for key, value in env.items():
             argv += ["--setenv", key, value]
         argv += ["--", sys.executable, "-c", ZYGOTE_SOURCE]
-        self._log = KernelLog.create(os.path.join(self.dir, "zygote.log"))
+        self._log = KernelLog.create()
         try:
             self.proc = await asyncio.wrap_future(_popen_on_lasting_thread(
                 argv, stdin=subprocess.DEVNULL, stdout=self._log.fd, stderr=subprocess.STDOUT,
