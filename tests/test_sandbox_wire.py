@@ -199,3 +199,79 @@ def test_a_kernel_killed_for_its_traffic_says_so_in_the_transcript():
     (result,) = run(BOOTS["forked"], SHARED_FRAMES)
     shown = render_output(result)
     assert "stopped (its traffic broke the host's budget: a message of more than 16 frames)" in shown, shown
+
+
+def feed(data: bytes, budget=None):
+    """A Channel reading ``data`` (then the end of the stream), with a writer that keeps what is sent (call on a
+    running loop)."""
+    from sandbox.zmtp import Channel, WireBudget
+
+    class Transport:
+        def is_closing(self):
+            return False
+
+        def abort(self):
+            pass
+
+    class Writer:
+        transport = Transport()
+        sent = b""
+
+        def write(self, b):
+            Writer.sent += b
+
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return Channel(reader, Writer(), budget or WireBudget(message_bytes=1000, frames=4, strays=2)), Writer
+
+
+def read_all(data: bytes):
+    """The messages a Channel reads from ``data``, and the fault that stopped it (None: the stream ended)."""
+    from sandbox.zmtp import WireClosed, WireFault
+
+    async def go():
+        chan, got = feed(data)[0], []
+        try:
+            while True:
+                got.append(await chan.recv())
+        except WireClosed:
+            return got, None
+        except WireFault as fault:
+            return got, str(fault)
+
+    return asyncio.run(go())
+
+
+def test_zmtp_frames_are_read_within_their_budgets():
+    """The reader's rules on bytes alone: short and long frames, commands skipped, each budget counted before the
+    body is read (a frame announcing 2**60 bytes is refused at its header)."""
+    from sandbox.zmtp import _frame
+
+    msg = _frame(b"a", True) + _frame(b"b" * 300, False)
+    ping = bytes([0x04, 5]) + b"\x04PING"
+    assert read_all(ping + msg) == ([[b"a", b"b" * 300]], None)
+    assert read_all(b"".join(_frame(b"x", True) for _ in range(5)) + _frame(b"", False))[1] == \
+        "a message of more than 4 frames"
+    huge = bytes([0x02]) + (2**60).to_bytes(8, "big")
+    assert read_all(huge)[1] == "a message of more than 1000 bytes"
+    assert read_all(bytes([0x80, 0]))[1] == "a frame with reserved flag bits set (0x80)"
+    assert read_all(_frame(b"a", True) + ping)[1] == "a command inside a message"
+    assert read_all(_frame(b"c" * 600, False) * 4)[1] == "more than 2000 bytes between two requests"
+
+
+def test_a_request_opens_a_new_window_and_strays_are_counted():
+    from sandbox.zmtp import WireFault, _frame
+
+    async def go():
+        chan, writer = feed(b"")
+        chan.window_bytes, chan.strays = 1999, 2
+        chan.send([b"<IDS|MSG>", b"sig"])
+        assert (chan.window_bytes, chan.strays) == (0, 0)
+        assert writer.sent == _frame(b"<IDS|MSG>", True) + _frame(b"sig", False)
+        chan.stray()
+        chan.stray()
+        with pytest.raises(WireFault, match="more than 2 messages that answer nothing"):
+            chan.stray()
+
+    asyncio.run(go())
