@@ -41,7 +41,21 @@ Instruments (issue 48: where the loop's time goes), each priced side by side in 
   outside the engine core's step, decoding rows per step, and CUDA-graph modes where vLLM reports them;
 - ``vllm_plain_with_line_rule[+delta[+stop_ids]]_ratio``: plain generation with the loop's per-step costs added one
   at a time, against plain generation without them (``PLAIN_COSTS``);
-- ``*_exec_vs_idle_ratio``: a line's kernel round trip during the rollout against an idle kernel's (``idle_exec_ms``).
+- ``*_exec_vs_idle_ratio``: a line's kernel round trip during the rollout against an idle kernel's (``idle_exec_ms``,
+  measured in the same run before the rollouts);
+- the host (issue 65: the trainer's own process is the bottleneck on a GPU): ``*_host_cpu_ms_per_line`` and
+  ``*_host_cpu_ms_per_model_token`` (this process's CPU time over the REPL rollout, every thread: the episodes'
+  loop, vLLM's front end, the kernels' sockets, tokenization; for HF also the model), ``*_host_cpu_cores`` (that
+  CPU over the rollout's wall), ``*_host_cpu_s_by_thread`` (the same CPU by thread: vLLM's front end runs on
+  ``replrl-vllm``, the episodes and their kernels' sockets on ``replrl-sandbox-loop``), the kernels' and the
+  engine's CPU per line, and the machine's load average before
+  and after the rollout (``*_loadavg``: the CPU is shared). ``host_by_batch`` in the JSON line gathers them with
+  the kernel round trip against an idle kernel's and vLLM's engine step against the interval between steps.
+
+``--repl-only``: the REPL rollouts alone (no plain generation, no same-tokens run, no per-step cost runs), for
+profiling the host over a long rollout (``bench/profile_host.py``); ``--mark`` prints a line ``@@ rollout start
+NAME BATCH MODE PID`` just before each timed REPL rollout and ``@@ rollout end ...`` just after, for a profiler
+that attaches to this process for that stretch only.
 
 ``--model proxy`` is the CPU proxy (``bench/proxy_model.py``): Qwen2.5's tokenizer over a 2-layer random model, so
 an engine step on a CPU is not the model and the loop's own costs show. ``--no-hf``: vLLM only.
@@ -67,6 +81,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -90,14 +105,36 @@ from sandbox import KernelPool, Limits, run_sync
 DATA = os.environ.get("REPLRL_GSM8K", "openai/gsm8k")  # a hub id, or a local copy (.jsonl file or directory)
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads so far, by name (Python's thread name where the thread is
+    Python's, else the kernel's ``comm``: torch's and vLLM's native threads), threads of one name summed."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                comm, _, rest = f.read().partition(" (")[2].rpartition(")")
+            fields = rest.split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(int(tid)) or comm
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], tokens: int,
-                        sampling: SamplingParams) -> dict:
-    """B episodes through ``gen``, each writing lines into its own kernel until it has sampled ``tokens`` tokens."""
+                        sampling: SamplingParams, mark: str = "") -> dict:
+    """B episodes through ``gen``, each writing lines into its own kernel until it has sampled ``tokens`` tokens.
+    ``mark``: print ``@@ rollout start MARK PID`` / ``@@ rollout end MARK PID`` around the episodes (a profiler's
+    cue)."""
     tok = gen.tokenizer
     session = gen.session(prompts, sampling)
     totals = {"model": 0, "env": 0, "lines": 0, "wait_line_s": 0.0, "exec_s": 0.0}
     env_ids: list[list[int]] = [[] for _ in prompts]
     boots, meter = pool.boots_while_busy, CpuGroups()
+    load0, threads0 = os.getloadavg()[0], thread_cpu()
+    if mark:
+        print(f"@@ rollout start {mark} {os.getpid()}", flush=True)
     t0 = time.perf_counter()
 
     async def episode(i: int) -> None:
@@ -124,8 +161,13 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
     await asyncio.gather(*(episode(i) for i in range(len(prompts))))
     wall = time.perf_counter() - t0
     cpu = meter.read()
+    threads = {k: round(v - threads0.get(k, 0.0), 2) for k, v in thread_cpu().items()}
+    if mark:
+        print(f"@@ rollout end {mark} {os.getpid()}", flush=True)
+    load = [round(load0, 2), round(os.getloadavg()[0], 2)]
     await session.aclose()
     return {"wall": wall, **totals, "env_ids": env_ids, "cpu": cpu, "boots": pool.boots_while_busy - boots,
+            "loadavg": load, "threads": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0},
             "stats": dict(getattr(session, "stats", {})),
             "timing": dict(getattr(session, "timing", {}))}
 
@@ -217,6 +259,38 @@ def cold(gen: Any) -> None:
         raise RuntimeError("vLLM could not reset its prefix cache")
 
 
+def host_figures(name: str, run: dict[str, Any], b: int) -> dict[str, Any]:
+    """The host's figures of one REPL rollout (issue 65): this process's CPU per line and per model token, the cores
+    it kept busy, the kernels' and the engine's CPU per line, the machine's load average before and after."""
+    lines, tokens, cpu = max(run["lines"], 1), max(run["model"], 1), run["cpu"]
+    return {f"{name}_host_cpu_ms_per_line": round(1000 * cpu["host"] / lines, 3),
+            f"{name}_host_cpu_ms_per_model_token": round(1000 * cpu["host"] / tokens, 3),
+            f"{name}_host_cpu_cores": round(cpu["host"] / run["wall"], 2),
+            f"{name}_kernels_cpu_ms_per_line": round(1000 * cpu["kernels"] / lines, 3),
+            f"{name}_engine_cpu_ms_per_line": round(1000 * cpu["engine"] / lines, 3),
+            f"{name}_lines": run["lines"], f"{name}_model_tokens": run["model"], f"{name}_loadavg": run["loadavg"],
+            f"{name}_host_cpu_s_by_thread": run["threads"]}
+
+
+HOST_KEYS = ("host_cpu_ms_per_line", "host_cpu_ms_per_model_token", "host_cpu_cores", "cpu_host_s", "cpu_kernels_s",
+             "cpu_engine_s", "kernels_cpu_ms_per_line", "engine_cpu_ms_per_line", "lines", "model_tokens",
+             "repl_s", "exec_ms", "exec_vs_idle_ratio", "loadavg", "host_cpu_s_by_thread")
+"""Each backend's figures that ``host_by_batch`` gathers (with the prefix ``NAME_``)."""
+
+
+def host_by_batch(fig: dict[str, Any], names: Any, idle_ms: float) -> dict[str, Any]:
+    """One batch's host figures (``HOST_KEYS`` of each backend, the idle kernel's round trip, and vLLM's engine
+    step against the interval between steps during the REPL rollout)."""
+    out: dict[str, Any] = {"idle_exec_ms": round(idle_ms, 2)}
+    for name in names:
+        out |= {f"{name}_{k}": fig[f"{name}_{k}"] for k in HOST_KEYS if f"{name}_{k}" in fig}
+    steps = fig.get("vllm_steps_repl") or {}
+    if steps.get("steps"):
+        out |= {f"vllm_engine_{k}": steps[k] for k in ("decode_step_ms", "mixed_step_ms", "mixed_share",
+                                                        "interval_ms", "outside_engine_ms") if k in steps}
+    return out
+
+
 def engine_arg(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` -> (key, value): VALUE as JSON where it parses (true, 0.5, {...}), else the string itself."""
     key, sep, value = text.partition("=")
@@ -245,6 +319,10 @@ def main() -> None:
                          "(kernels forked between rollouts, the default), eager (forked behind each one taken), "
                          "before (each kernel boots its own Python behind each one taken: replrl before issue 48; "
                          "a second pool)")
+    ap.add_argument("--repl-only", action="store_true",
+                    help="the REPL rollouts alone: no plain generation, same-tokens or per-step cost runs (profiling)")
+    ap.add_argument("--mark", action="store_true",
+                    help="print '@@ rollout start/end NAME BATCH MODE PID' around each timed REPL rollout")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
                     help="a vLLM engine argument, VALUE as JSON where it parses (repeatable)")
     args = ap.parse_args()
@@ -289,30 +367,35 @@ def main() -> None:
                         run_sync(p.wait_full(600))  # trainer's update gives the refill its time between rollouts)
                     cold(gen)
                     since = steps_so_far(gen)
-                    run = run_sync(repl_rollouts(gen, mode_pool, prompts, args.tokens, sampling))
+                    run = run_sync(repl_rollouts(gen, mode_pool, prompts, args.tokens, sampling,
+                                                 mark=f"{name} {b} {mode}" if args.mark else ""))
                     run["steps"] = steps_since(gen, since)
                     if mode != args.refill[0]:  # the other mode: its wall, CPU and ratio beside the main figures
                         same = (vllm_plain(gen, [p + e for p, e in zip(prompts, run["env_ids"], strict=True)],
-                                           round(run["model"] / b)) if name == "vllm" else None)
+                                           round(run["model"] / b)) if name == "vllm" and not args.repl_only
+                                else None)
                         fig |= {f"{name}_repl_s_refill_{mode}": round(run["wall"], 3),
                                 f"{name}_boots_in_rollout_refill_{mode}": run["boots"],
-                                **{f"{name}_cpu_{k}_s_refill_{mode}": v for k, v in run["cpu"].items()}}
+                                **{f"{name}_cpu_{k}_s_refill_{mode}": v for k, v in run["cpu"].items()},
+                                **{f"{k}_refill_{mode}": v for k, v in host_figures(name, run, b).items()}}
                         if same is not None:
                             fig[f"vllm_repl_vs_same_tokens_ratio_refill_{mode}"] = round(run["wall"] / same, 3)
                 fig |= {f"{name}_boots_in_rollout": run["boots"],
-                        **{f"{name}_cpu_{k}_s": v for k, v in run["cpu"].items()}}
+                        **{f"{name}_cpu_{k}_s": v for k, v in run["cpu"].items()}, **host_figures(name, run, b)}
                 per_row = run["model"] / b
 
-                plain_run(name, gen, model, tokenizer, prompts, 8)  # untimed, as above: the plain run's shapes too
-                since = steps_so_far(gen)
-                plain = plain_run(name, gen, model, tokenizer, prompts, round(per_row))
-                plain_steps = steps_since(gen, since)
-                fig |= {f"{name}_repl_s": round(run["wall"], 3), f"{name}_plain_s": round(plain, 3),
+                if not args.repl_only:
+                    plain_run(name, gen, model, tokenizer, prompts, 8)  # untimed, as above: the plain run's shapes
+                    since = steps_so_far(gen)
+                    plain = plain_run(name, gen, model, tokenizer, prompts, round(per_row))
+                    plain_steps = steps_since(gen, since)
+                    fig |= {f"{name}_plain_s": round(plain, 3),
+                            f"{name}_plain_tokens_per_s": round(round(per_row) * b / plain, 1),
+                            f"{name}_repl_vs_plain_ratio": round(run["wall"] / plain, 3)}
+                fig |= {f"{name}_repl_s": round(run["wall"], 3),
                         f"{name}_model_tokens_per_row": round(per_row, 1),
                         f"{name}_env_tokens_per_row": round(run["env"] / b, 1),
                         f"{name}_repl_tokens_per_s": round(run["model"] / run["wall"], 1),
-                        f"{name}_plain_tokens_per_s": round(round(per_row) * b / plain, 1),
-                        f"{name}_repl_vs_plain_ratio": round(run["wall"] / plain, 3),
                         f"{name}_lines_per_row": round(run["lines"] / b, 1),
                         f"{name}_wait_line_ms": round(1000 * run["wait_line_s"] / max(run["lines"], 1), 1),
                         f"{name}_exec_ms": round(1000 * run["exec_s"] / max(run["lines"], 1), 1),
@@ -325,15 +408,18 @@ def main() -> None:
                     fig |= {"vllm_first_token_ms": round(1000 * timing["first_token_s"] / max(timing["lines"], 1), 1),
                             "vllm_line_step_ms": round(1000 * timing["later_tokens_s"]
                                                        / max(timing["later_tokens"], 1), 2),
-                            "vllm_plain_step_ms": round(1000 * plain / max(round(per_row), 1), 2),
                             "vllm_between_lines_ms": round(1000 * timing["between_lines_s"]
-                                                           / max(timing["lines"] - b, 1), 1)}
+                                                           / max(timing["lines"] - b, 1), 1),
+                            "vllm_steps_repl": run["steps"]}
+                    if args.repl_only:
+                        continue
+                    fig["vllm_plain_step_ms"] = round(1000 * plain / max(round(per_row), 1), 2)
                     # the same tokens without the line-by-line loop: each row's interpreter tokens appended to its
                     # prompt (prefilled at once), then plain generation of the same model tokens
                     same = vllm_plain(gen, [p + e for p, e in zip(prompts, run["env_ids"], strict=True)],
                                       round(per_row))
                     # vLLM's own step statistics: the loop's steps beside plain generation's
-                    fig |= {"vllm_steps_repl": run["steps"], "vllm_steps_plain": plain_steps}
+                    fig["vllm_steps_plain"] = plain_steps
                     # plain generation with each per-step cost of the loop's requests added in turn: each its price,
                     # the best of two runs of each against the best of two without (one run swings by 10-30% on a
                     # shared CPU)
@@ -357,12 +443,19 @@ def main() -> None:
             print(f"batch {b}: {fig['vllm_model_tokens_per_row']:.0f} model tokens per row")
             for name in gens:
                 f = {k.removeprefix(f"{name}_"): v for k, v in fig.items() if k.startswith(f"{name}_")}
+                plain_text = (f"plain {f['plain_s']:7.2f} s ({f['plain_tokens_per_s']:6.1f} tok/s)   ratio "
+                              f"{f['repl_vs_plain_ratio']:.2f}x   " if "plain_s" in f else "")
                 print(f"  {name:5s} REPL rollouts {f['repl_s']:7.2f} s ({f['repl_tokens_per_s']:6.1f} tok/s)   "
-                      f"plain {f['plain_s']:7.2f} s ({f['plain_tokens_per_s']:6.1f} tok/s)   "
-                      f"ratio {f['repl_vs_plain_ratio']:.2f}x   per line ({f['lines_per_row']:.1f} a row): waiting "
-                      f"for it {f['wait_line_ms']:.0f} ms, running it {f['exec_ms']:.0f} ms")
+                      f"{plain_text}per line ({f['lines_per_row']:.1f} a row): waiting "
+                      f"for it {f['wait_line_ms']:.0f} ms, running it {f['exec_ms']:.0f} ms "
+                      f"({f['exec_vs_idle_ratio']:.1f}x an idle kernel's {idle_ms:.1f} ms)")
                 print(f"        CPU s: host {f['cpu_host_s']:.1f}, kernels {f['cpu_kernels_s']:.1f}, engine "
                       f"{f['cpu_engine_s']:.1f}; kernels booted during the rollout: {f['boots_in_rollout']}")
+                print(f"        host (this process): {f['host_cpu_ms_per_line']:.2f} CPU-ms a line "
+                      f"({f['lines']} lines), {f['host_cpu_ms_per_model_token']:.3f} a model token, "
+                      f"{f['host_cpu_cores']:.2f} cores; kernels {f['kernels_cpu_ms_per_line']:.2f}, engine "
+                      f"{f['engine_cpu_ms_per_line']:.2f} CPU-ms a line; load average {f['loadavg'][0]} -> "
+                      f"{f['loadavg'][1]}")
                 for mode in args.refill[1:]:
                     print(f"        pool refill {mode}: REPL rollouts {f[f'repl_s_refill_{mode}']:.2f} s, CPU s: host "
                           f"{f[f'cpu_host_s_refill_{mode}']:.1f}, kernels {f[f'cpu_kernels_s_refill_{mode}']:.1f}, "
@@ -373,16 +466,26 @@ def main() -> None:
                       f"written {fig['vllm_vs_hf_speedup_per_token']:.2f}x (interpreter tokens per row: vLLM "
                       f"{fig['vllm_env_tokens_per_row']:.0f}, HF {fig['hf_env_tokens_per_row']:.0f}; context reused "
                       f"by line requests {fig['vllm_context_reuse_rate']:.2f})")
+            plain_step = (f" (plain generation: {fig['vllm_plain_step_ms']:.1f} ms a step)"
+                          if "vllm_plain_step_ms" in fig else "")
             print(f"  vLLM per line: first token {fig['vllm_first_token_ms']:.0f} ms after its input, then a token "
-                  f"every {fig['vllm_line_step_ms']:.1f} ms (plain generation: {fig['vllm_plain_step_ms']:.1f} ms a "
-                  f"step); {fig['vllm_between_lines_ms']:.0f} ms from a line out of the engine to the next input")
-            rs, ps = fig["vllm_steps_repl"], fig["vllm_steps_plain"]
+                  f"every {fig['vllm_line_step_ms']:.1f} ms{plain_step}; {fig['vllm_between_lines_ms']:.0f} ms "
+                  f"from a line out of the engine to the next input")
+            rs, ps = fig["vllm_steps_repl"], fig.get("vllm_steps_plain", {})
+            if rs.get("steps") and not ps.get("steps"):
+                print(f"  vLLM's steps: REPL {rs['steps']} (mixed prefill+decode {rs['mixed_share']:.0%}; engine ms a "
+                      f"step: decode {rs['decode_step_ms']}, mixed {rs['mixed_step_ms']}; {rs['interval_ms']} ms "
+                      f"apart, {rs['outside_engine_ms']} ms of it outside the engine's step; "
+                      f"{rs['gen_rows_per_step']} decoding rows a step)")
             if rs.get("steps") and ps.get("steps"):
                 print(f"  vLLM's steps: REPL {rs['steps']} (mixed prefill+decode {rs['mixed_share']:.0%}; engine ms a "
                       f"step: decode {rs['decode_step_ms']}, mixed {rs['mixed_step_ms']}; {rs['interval_ms']} ms "
                       f"apart, {rs['outside_engine_ms']} ms of it outside the engine's step; "
                       f"{rs['gen_rows_per_step']} decoding rows a step); plain {ps['steps']} (decode "
                       f"{ps['decode_step_ms']} ms, {ps['interval_ms']} ms apart, {ps['gen_rows_per_step']} rows)")
+            per_batch[b]["host"] = host_by_batch(fig, gens, idle_ms)
+            if args.repl_only:
+                continue
             print("  vLLM plain generation with the loop's per-step costs added: " + ", ".join(
                 f"+{'+'.join(PLAIN_COSTS[:k])} {fig['vllm_plain_with_' + '+'.join(PLAIN_COSTS[:k]) + '_ratio']:.3f}x"
                 for k in range(1, len(PLAIN_COSTS) + 1)))
@@ -402,14 +505,15 @@ def main() -> None:
     print(json.dumps({"device": device, "batch": args.batches[0], "tokens_per_row": args.tokens,
                       "vllm_vs_hf_rollout_speedup": first["vllm_vs_hf_rollout_speedup"],
                       "vllm_vs_hf_speedup_per_token": first["vllm_vs_hf_speedup_per_token"],
-                      "vllm_repl_vs_plain_ratio": first["vllm_repl_vs_plain_ratio"],
+                      "vllm_repl_vs_plain_ratio": first.get("vllm_repl_vs_plain_ratio"),
                       "hf_repl_vs_plain_ratio": first.get("hf_repl_vs_plain_ratio"),
-                      "vllm_repl_vs_same_tokens_ratio": first["vllm_repl_vs_same_tokens_ratio"],
-                      "vllm_same_tokens_vs_plain_ratio": first["vllm_same_tokens_vs_plain_ratio"],
+                      "vllm_repl_vs_same_tokens_ratio": first.get("vllm_repl_vs_same_tokens_ratio"),
+                      "vllm_same_tokens_vs_plain_ratio": first.get("vllm_same_tokens_vs_plain_ratio"),
                       "ratios_by_batch": {b: {k: v for k, v in f.items() if k.startswith((
                           "vllm_repl_vs_same_tokens_ratio", "hf_repl_vs_plain_ratio", "vllm_vs_hf_rollout_speedup",
                           "vllm_first_token_ms", "vllm_exec_vs_idle_ratio"))} for b, f in per_batch.items()},
                       "idle_exec_ms": round(idle_ms, 2),
+                      "host_by_batch": {b: f["host"] for b, f in per_batch.items()},
                       "vllm_engine_start_s": round(vllm_start, 1),
                       "vllm_sync_weights_s": round(sync_s, 2), "vllm_engine_args": engine_args,
                       "batches": per_batch}))
