@@ -6,16 +6,19 @@ its timed REPL rollout only, then the samples aggregated by component.
     .venv-vllm/bin/python bench/profile_host.py --batch 128 --tokens 320 --data tests/data/gsm8k/test.jsonl
     python bench/profile_host.py --raw runs/host_profile/profile.raw --cpu-ms-per-line 3.7   # aggregate only
 
-py-spy samples every thread of the process that is running (not idle: ``--idle`` is off), ``--rate`` times a second,
-``--nonblocking`` (the process is never paused), so a thread's samples over the rate are its CPU seconds, about;
-the table gives the samples' CPU seconds beside the process's own CPU time over the rollout (the bench's
-``vllm_cpu_host_s``) as the check. Each sample (a stack) goes to one component, the first of these that has a frame
-in it:
+py-spy samples every thread of the process it does not see idle (``--idle`` is off), ``--rate`` times a second,
+``--nonblocking`` (the process is never paused). On a loaded machine it also counts a runnable thread waiting for a
+core (the first batch-128 run: 59.8 CPU-s sampled against the 15.8 CPU-s the process used), so: ``--renice -15``
+(the default) gives the bench's own threads (not its engine or kernels) priority for the profile, and the shares are
+weighted by each thread's measured CPU (the bench's ``vllm_host_cpu_s_by_thread``, from ``/proc/self/task``): a
+thread's CPU seconds are exact, only their split within the thread is sampled. The table prints the samples' own
+shares beside them, and the samples' CPU seconds beside the process's (``vllm_cpu_host_s``) as the check. Each
+sample (a stack) goes to one component, the first of these that has a frame in it:
 
 1. ``vllm``: vLLM's front end in this process (``vllm/``: AsyncLLM, the output processor, detokenization, the engine
    core client's sockets) and replrl's side of it (``replrl/backends/``);
-2. ``kernels``: the kernels' traffic (``sandbox/``: kernel.py, zmtp.py, reply.py, the pool; ``jupyter_client``,
-   ``zmq``; the json and hmac they call);
+2. ``kernels``: the kernels' traffic (``sandbox/``: kernel.py, zmtp.py, reply.py, the pool; ``jupyter_client``; the
+   json and hmac they call; pyzmq with no owner above it, except on vLLM's loop thread, where it is vLLM's);
 3. ``tokenize``: tokenization of the interpreter's output and decoding of the sampled lines
    (``replrl/rollout/transcript.py``, ``transformers``' tokenizers, ``tokenizers``);
 4. ``episode``: the episode loop (``replrl/rollout/``, ``replrl/repl.py`` and its ``codeop``, ``replrl/rewards.py``,
@@ -24,9 +27,10 @@ in it:
    ``selectors``, ``concurrent/futures``, ``threading`` or ``queue`` (scheduling, selecting, waking threads);
 6. ``other``: the rest (the bench's CPU meter, the garbage collector where py-spy shows it alone, ...).
 
-Each component's CPU-ms per line is its share times the bench's host CPU-ms per line. The vLLM component is split
-further by the vLLM file its innermost frame is in; every component by its innermost Python file. ``--native`` adds
-native frames (C, Rust) to the stacks (tokenizers, hmac, json's C parts), a heavier sampler.
+Each component's CPU-ms per line is its share times the bench's host CPU-ms per line. vLLM's front end and the
+kernel traffic are split further into parts (``PARTS``: the per-line request, the engine core client, outputs,
+replrl's session; the wire, the message, a kernel's end, the checks); every component by its innermost Python file.
+``--native`` adds native frames (C, Rust) to the stacks (tokenizers, hmac, json's C parts), a heavier sampler.
 
 Writes into ``--out``: ``bench.log`` (the bench's output), ``profile.raw`` (py-spy's collapsed stacks), and prints a
 table and one JSON line of the shares.
@@ -174,8 +178,9 @@ def aggregate(raw: Path) -> dict:
 def cpu_weighted(agg: dict, by_thread_cpu: dict[str, float]) -> dict[str, float]:
     """Component shares of the process's CPU: each thread's measured CPU seconds (``by_thread_cpu``, the bench's
     ``/proc/self/task`` figures) split over components as that thread's samples are. A sampler that counts a
-    runnable thread as running (py-spy does: state R) over-counts what runs just after waking up, on a loaded
-    machine; per thread, its CPU total is exact. A thread with CPU and no samples goes to ``other``."""
+    runnable thread as running (py-spy did on this loaded machine: 59.8 CPU-s sampled against 15.8 used)
+    over-counts what runs just after waking up; per thread, the CPU total is exact. A thread with CPU and no
+    samples goes to ``other``."""
     out: Counter[str] = Counter()
     total = sum(by_thread_cpu.values()) or 1.0
     for thread, comps in agg["by_thread"].items():
@@ -246,7 +251,7 @@ def report(agg: dict, rate: float, host_ms_per_line: float | None, host_cpu_s: f
 def renice(pid: int, nice: int) -> None:
     """Give every thread of ``pid`` (the bench's own process; not its engine or kernels) niceness ``nice``, so that
     on a loaded machine a thread of it that wakes up gets a core at once: a sampler that counts a runnable thread
-    as running (py-spy: state R) then counts what it runs, not the run queue."""
+    as running (py-spy, on a loaded machine) then counts what it runs, not the run queue."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)
