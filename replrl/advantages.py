@@ -316,7 +316,7 @@ def tree_advantages(
 ) -> Tensor:
     """Credit per tree segment: a line's tokens get V(node its segment leads to) - V(node it starts from) -> [B, T].
 
-    A tree group (``replrl.tree``) has one root (the prompt), branch nodes (an episode's state after k executed
+    A tree group (``replrl.rollout.tree``) has one root (the prompt), branch nodes (an episode's state after k executed
     statements, shared by its children) and leaves (the finished episodes). Line l of leaf i lies on the segment
     from node ``tree_from[i, l]`` to node ``tree_to[i, l]`` (batch-wide ids; -1 is the root). With R_i the leaf's
     total reward (outcome + line rewards, as ``outcome``) and m its group's mean:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends.vllm_check import VLLM_OWNED_ARGS, check_vllm_table  # noqa: F401  (also importable here)
+from .backends.vllm_check import check_vllm_table
 from .configlib import ConfigError, check_choice, check_positive
 
 

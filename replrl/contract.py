@@ -1,6 +1,6 @@
 """The sampler/trainer contract: the sampling distribution both compute, the line rule's token sets, and where lines
 start in a trajectory. Every backend samples by it and the trainer's loss recomputes it (``replrl.loss``); it
-imports nothing from ``backends/`` (``replrl.backends.sampling`` is its old import path).
+imports nothing from ``backends/``.
 
 ``sampling_logprobs`` is the one definition of "the distribution the policy sampled from": the HF backend samples
 from it and the trainer recomputes it on the same token sequence, so their log-probabilities agree exactly

@@ -20,7 +20,7 @@ from sandbox import run_sync
 
 from .configlib import ConfigError
 from .dynamic_sampling import WaveRecord, group_has_contrast, screening_wave, select_groups, wave_metrics
-from .ranks import Ranks  # noqa: F401  (draw.Ranks: its old home)
+from .ranks import Ranks
 from .rollout import Env, RolloutStats, TreeShape, merge_tree_figures, merge_wave_stats, rollout, split_by_group
 from .types import SamplingParams, Trajectory
 

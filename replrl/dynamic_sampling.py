@@ -131,13 +131,3 @@ def wave_metrics(waves: Sequence[WaveRecord], kept: Sequence[int], group_size: i
         out.update({"dynsamp/screened_episodes": float(screened), "dynsamp/completion_s": completion_s})
     return out
 
-
-def __getattr__(name: str) -> object:
-    """``split_by_group`` and ``merge_wave_stats`` moved to the rollout wing (``replrl/rollout/groups.py``,
-    ``replrl/rollout/stats.py``); imported from here, they are found there (lazily: config.py imports this module
-    before torch and the sandbox are wanted)."""
-    if name in ("split_by_group", "merge_wave_stats"):
-        from . import rollout
-
-        return getattr(rollout, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

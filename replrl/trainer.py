@@ -45,7 +45,6 @@ from .advantages import (
     line_advantage_stats,
 )
 from .backends import close_generator, open_generator, sleep_generator, wake_generator
-from .checkpoint import RunDirError  # noqa: F401  (importable from here, as before)
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
 from .contract import TokenMasks, token_masks

@@ -17,7 +17,8 @@ class SamplingParams:
     The log-probabilities a backend returns are those of the distribution it actually sampled from: logits divided
     by ``temperature``, tokens that contain a newline anywhere but at their end removed (the line rule), then
     top-k / top-p truncation. ``replrl.contract.sampling_logprobs`` computes that quantity, and the
-    trainer calls the same function, so sampler and trainer agree exactly.
+    trainer calls the same function, so sampler and trainer agree exactly. How long an episode runs (lines, tokens)
+    is its rules' (``EpisodeRules``, ``env.rules``), not the sampler's.
     """
 
     temperature: float = 1.0
@@ -28,12 +29,6 @@ class SamplingParams:
     """Keep only the k most likely tokens; 0 disables it."""
     max_line_tokens: int = 96
     """A line longer than this ends the episode (end reason ``overlong_line``)."""
-    max_lines: int | None = None
-    """Deprecated (one release): the episode's line limit lives in ``EpisodeRules.max_lines`` (``env.rules``), the
-    one place the episode reads it. Set here, ``rollout()`` (or ``run_episode``) moves it into the Env's rules with a
-    DeprecationWarning; None (the default): the rules' value holds."""
-    max_total_tokens: int | None = None
-    """Deprecated (one release), as ``max_lines``: the token limit lives in ``EpisodeRules.max_total_tokens``."""
     seed: int | None = None
     """Seed for the sampler's random generator (None: nondeterministic)."""
 
@@ -44,9 +39,6 @@ class SamplingParams:
             raise ValueError("sampling.top_p must be in (0, 1]")
         if self.top_k < 0 or self.max_line_tokens < 1:
             raise ValueError("sampling: top_k >= 0, max_line_tokens >= 1")
-        if (self.max_lines is not None and self.max_lines < 1) or \
-                (self.max_total_tokens is not None and self.max_total_tokens < 16):
-            raise ValueError("sampling: max_lines >= 1, max_total_tokens >= 16 (deprecated here: EpisodeRules)")
 
 
 @dataclass

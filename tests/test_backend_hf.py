@@ -16,7 +16,7 @@ import torch
 from replrl.backends import close_generator
 from replrl.backends.base import Generator, GenSession
 from replrl.backends.hf import HFGenerator, _Batch, cache_argument
-from replrl.backends.sampling import (
+from replrl.contract import (
     TokenMasks,
     eos_ids,
     line_end_ids,

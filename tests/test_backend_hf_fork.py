@@ -15,7 +15,7 @@ import torch
 
 from replrl.backends.base import ForkableSession
 from replrl.backends.hf import HFGenerator, _Batch
-from replrl.backends.sampling import token_masks
+from replrl.contract import token_masks
 from replrl.models import tiny_model
 from replrl.types import SamplingParams
 from tests.test_backend_hf import Episode, assert_line_rule, biased_tiny, ids_of, recomputed_logprobs

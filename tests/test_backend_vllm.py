@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from replrl.backends import BackendError  # noqa: E402
 from replrl.backends.base import Generator  # noqa: E402
-from replrl.backends.sampling import token_masks  # noqa: E402
+from replrl.contract import token_masks  # noqa: E402
 from replrl.loss import token_logprobs  # noqa: E402
 from replrl.models import tiny_model  # noqa: E402
 from replrl.types import LineSample, SamplingParams  # noqa: E402

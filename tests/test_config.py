@@ -124,7 +124,7 @@ class LongEpisodesTask:
 
 def test_episode_limits_have_one_home_the_rules_with_rollout_s_defaults():
     """The episode's limits live in EpisodeRules, defaulting to ``rollout``'s; SamplingParams holds how a line is
-    sampled (its deprecated limit fields are None unless a caller sets them)."""
+    sampled, and no episode limit (its old max_lines and max_total_tokens fields are gone in 0.1)."""
     from replrl.rollout import EpisodeRules
     from replrl.types import SamplingParams
 
@@ -135,7 +135,8 @@ def test_episode_limits_have_one_home_the_rules_with_rollout_s_defaults():
     assert rollout.sampling(seed=0) == SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p,
                                                        top_k=rollout.top_k, max_line_tokens=rollout.max_line_tokens,
                                                        seed=0)
-    assert (SamplingParams().max_lines, SamplingParams().max_total_tokens) == (None, None)
+    assert {f.name for f in dataclasses.fields(SamplingParams)} == {"temperature", "top_p", "top_k", "max_line_tokens",
+                                                                     "seed"}
     with pytest.raises(ValueError, match="max_lines >= 1"):
         EpisodeRules(40, 3, False, max_lines=0)
 

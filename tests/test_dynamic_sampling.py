@@ -15,18 +15,18 @@ import torch
 
 from replrl.config import Config
 from replrl.configlib import ConfigError, resolve
+from replrl.draw import ProblemStream
 from replrl.dynamic_sampling import (
     WaveRecord,
     group_has_contrast,
     has_contrast,
     screening_wave,
     select_groups,
-    split_by_group,
     wave_metrics,
 )
 from replrl.metrics import read_metrics
-from replrl.rollout import rollout
-from replrl.trainer import ProblemStream, StepResult, Trainer
+from replrl.rollout import rollout, split_by_group
+from replrl.trainer import StepResult, Trainer
 from replrl.types import Trajectory
 from sandbox import KernelPool, run_sync
 

@@ -20,17 +20,11 @@ import pytest
 
 from replrl.config import Config
 from replrl.configlib import resolve
-from replrl.dynamic_sampling import (
-    WaveRecord,
-    group_has_contrast,
-    merge_wave_stats,
-    split_by_group,
-    wave_metrics,
-)
+from replrl.draw import ProblemStream
+from replrl.dynamic_sampling import WaveRecord, group_has_contrast, wave_metrics
 from replrl.metrics import read_metrics
-from replrl.rollout import RolloutStats
-from replrl.trainer import ProblemStream, StepResult, Trainer
-from replrl.tree import merge_tree_figures
+from replrl.rollout import RolloutStats, merge_tree_figures, merge_wave_stats, split_by_group
+from replrl.trainer import StepResult, Trainer
 from replrl.types import Trajectory
 from tests.scripted import ScriptTask, script_sequences, teach_scripts
 from tests.test_dynamic_sampling import train

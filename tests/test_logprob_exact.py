@@ -23,9 +23,9 @@ import torch
 
 import replrl.trainer as trainer_module
 from replrl.backends.hf import HFGenerator
-from replrl.backends.sampling import TokenMasks, eos_ids, token_masks
 from replrl.config import Config
 from replrl.configlib import resolve
+from replrl.contract import TokenMasks, eos_ids, token_masks
 from replrl.loss import grpo_loss, token_logprobs
 from replrl.models import tiny_model
 from replrl.trainer import Trainer

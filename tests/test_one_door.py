@@ -227,9 +227,9 @@ def run_rollout(env: Any, **kwargs: Any) -> list[Any]:
     return trajs
 
 
-def test_rollout_takes_an_env_and_the_old_form_builds_one_with_a_deprecation_warning(scripted_env):
-    import warnings
-
+def test_rollout_takes_an_env_and_the_old_form_is_gone(scripted_env):
+    """Version 0.1 keeps one form: ``rollout(env, rows, sampling, *, group_size, progress, tree)``; the 12-argument
+    form before the Env is a TypeError (an argument that is not an Env: one naming the new form)."""
     from replrl.rollout import rollout
     from replrl.types import SamplingParams
     from sandbox import run_sync
@@ -237,19 +237,12 @@ def test_rollout_takes_an_env_and_the_old_form_builds_one_with_a_deprecation_war
     env, rows, sampling = scripted_env, list(enumerate(scripted_env.task.rows("train"))), SamplingParams(seed=0)
     new, _ = run_sync(rollout(env, rows, sampling, group_size=2))
     assert [t.group for t in new] == [0, 0, 1, 1] and [t.row for t in new] == [0, 0, 1, 1]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        call = rollout(env.generator, env.pool, env.task, rows, env.rewards, sampling, env.rules, group_size=2,
-                       chat_template=False)
-    (warned,) = caught
-    assert warned.category is DeprecationWarning and warned.filename == __file__  # the caller's line, not asyncio's
-    assert "pass an Env, rollout(Env(generator, pool, task, rules, rewards" in str(warned.message)
-    old, _ = run_sync(call)
-    assert [(t.token_ids, t.end_reason, t.group) for t in old] == [(t.token_ids, t.end_reason, t.group) for t in new]
-    with pytest.raises(TypeError, match="takes an Env first"):
-        rollout(env.generator, env.pool, env.task, rows, env.rewards, sampling)  # no rules: neither form
-    with pytest.raises(TypeError, match="unexpected arguments"):
-        rollout(env, rows, sampling, 2)  # group_size is a keyword in the new form
+    with pytest.raises(TypeError, match="takes 3 positional arguments"):
+        rollout(env.generator, env.pool, env.task, rows, env.rewards, sampling, env.rules, group_size=2)
+    with pytest.raises(TypeError, match=r"rollout\(env, rows, sampling, \*, group_size=1.*takes an Env first"):
+        rollout(env.generator, rows, sampling)
+    with pytest.raises(TypeError, match="takes 3 positional arguments"):
+        rollout(env, rows, sampling, 2)  # group_size is a keyword
 
 
 def test_every_episode_limit_is_the_env_s_rules(scripted_env):
@@ -265,14 +258,8 @@ def test_every_episode_limit_is_the_env_s_rules(scripted_env):
     many, bigprint = run_rollout(short)
     assert (many.end_reason, len(many.lines)) == ("max_lines", 2)
     assert bigprint.end_reason == "max_tokens" and len(bigprint.lines) == 1 and len(bigprint.token_ids) < 150
-    # one release: limits set on SamplingParams still apply, moved into the rules with a warning
-    from replrl.rollout import rollout
-    from sandbox import run_sync
-
-    with pytest.warns(DeprecationWarning, match="episode limits live in EpisodeRules"):
-        call = rollout(scripted_env, list(enumerate(scripted_env.task.rows("train"))), SamplingParams(max_lines=3))
-    (many, _), _ = run_sync(call)
-    assert (many.end_reason, len(many.lines), many.sampling["max_lines"]) == ("max_lines", 3, 3)
+    with pytest.raises(TypeError, match="max_lines"):  # the sampler holds no episode limit (gone in 0.1)
+        SamplingParams(max_lines=3)
 
 
 def test_a_task_s_own_limits_reach_the_rules():

@@ -383,10 +383,10 @@ def episode():
     pool = run_sync(KernelPool(size=1, limits=Limits(wall_s=5.0), tools=["submit"]).start())
     try:
         env = Env(SimpleNamespace(tokenizer=tokenizer), pool, task,  # the scripted session is the generator's
-                  EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False),
+                  EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False, max_lines=20),
                   RewardModel(RewardConfig().weights), chat_template=False)
         traj = run_sync(run_episode(ScriptedSession(tokenizer, SCRIPT), 0, env, row, prompt,
-                                    SamplingParams(max_lines=20)))
+                                    SamplingParams()))
     finally:
         run_sync(pool.close())
     return traj, tokenizer

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from replrl.backends.hf import HFGenerator
-from replrl.backends.sampling import token_masks
 from replrl.config import RewardConfig
+from replrl.contract import token_masks
 from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import PS1, PS2, TRUNCATED_MARKER, ReplSession
@@ -24,6 +24,7 @@ from replrl.rollout import (
     Env,
     EpisodeRules,
     RolloutStats,
+    TreeShape,
     build_prompt,
     decode,
     line_text,
@@ -31,7 +32,6 @@ from replrl.rollout import (
     rollout,
     summarize,
 )
-from replrl.tree import TreeShape
 from replrl.types import SamplingParams, Trajectory
 from sandbox import KernelPool, Limits, empty_state, run_sync
 from sandbox._kernel_digest import state_digest
@@ -370,7 +370,7 @@ def test_block_use_counts_code_after_a_continuation_prompt_only():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Tree rollouts (replrl/tree.py): the leaves' invariants are checked with the flat episodes' above
+# Tree rollouts (replrl/rollout/tree.py): the leaves' invariants are checked with the flat episodes' above
 
 
 def test_tree_leaves_share_their_prefix_up_to_the_branch_point(tree):

@@ -9,7 +9,7 @@ import torch
 from replrl.advantages import batch_tensors, compute_advantages, state_advantages
 from replrl.config import Config
 from replrl.configlib import ConfigError
-from replrl.states import state_stats
+from replrl.rollout import state_stats
 from replrl.types import Line, Trajectory
 
 # The worked example of docs/state-credit.md: one group of four episodes of "What is 4175 * 2?".

@@ -24,7 +24,7 @@ from replrl.config import Config
 from replrl.configlib import resolve
 from replrl.metrics import read_metrics
 from replrl.provenance import read_environments
-from replrl.trainer import RunDirError, Trainer
+from replrl.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "examples" / "smoke.toml")
@@ -99,7 +99,7 @@ def test_the_time_budget_stops_the_run_after_the_step_that_spends_it(format_mode
 
 def test_a_run_directory_holding_another_run_is_refused(format_model_dir, tmp_path):
     Trainer(toy_config(format_model_dir, max_steps=1), tmp_path, progress=False).train()
-    with pytest.raises(RunDirError, match="already holds a different run"):
+    with pytest.raises(checkpoint.RunDirError, match="already holds a different run"):
         Trainer(toy_config(format_model_dir, max_steps=5), tmp_path, progress=False)
 
 

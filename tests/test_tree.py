@@ -23,8 +23,7 @@ from replrl.configlib import ConfigError, resolve
 from replrl.models import load_tokenizer, tiny_model
 from replrl.repl import ReplSession
 from replrl.rewards import RewardModel
-from replrl.rollout import Env, EpisodeRules, rollout, summarize
-from replrl.tree import TreeShape, children_per_node
+from replrl.rollout import Env, EpisodeRules, TreeShape, children_per_node, rollout, summarize
 from replrl.types import Line, SamplingParams, Trajectory
 from sandbox import run_sync
 from tests.scripted import ScriptTask, script_sequences, teach_scripts

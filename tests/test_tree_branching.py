@@ -17,14 +17,22 @@ import pytest
 import torch
 
 from replrl.backends.hf import HFGenerator
-from replrl.backends.sampling import token_masks
 from replrl.config import Config, RewardConfig
 from replrl.configlib import ConfigError, resolve
+from replrl.contract import token_masks
 from replrl.loss import token_logprobs
 from replrl.models import load_tokenizer, tiny_model
 from replrl.rewards import RewardModel
-from replrl.rollout import Env, EpisodeRules, decode, rollout, summarize
-from replrl.tree import TreeShape, branch_line, children_per_node
+from replrl.rollout import (
+    Env,
+    EpisodeRules,
+    TreeShape,
+    branch_line,
+    children_per_node,
+    decode,
+    rollout,
+    summarize,
+)
 from replrl.types import Line, SamplingParams, Trajectory
 from sandbox import run_sync
 from tests.scripted import ScriptTask, script_sequences, teach_scripts

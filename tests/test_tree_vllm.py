@@ -21,13 +21,21 @@ vllm_backend = pytest.importorskip(
 
 import torch  # noqa: E402
 
-from replrl.backends.sampling import token_masks  # noqa: E402
 from replrl.config import RewardConfig  # noqa: E402
+from replrl.contract import token_masks  # noqa: E402
 from replrl.loss import token_logprobs  # noqa: E402
 from replrl.models import load_tokenizer, tiny_model  # noqa: E402
 from replrl.rewards import RewardModel  # noqa: E402
-from replrl.rollout import Env, EpisodeRules, build_prompt, decode, line_text, rollout, summarize  # noqa: E402
-from replrl.tree import TreeShape  # noqa: E402
+from replrl.rollout import (  # noqa: E402
+    Env,
+    EpisodeRules,
+    TreeShape,
+    build_prompt,
+    decode,
+    line_text,
+    rollout,
+    summarize,
+)
 from replrl.types import SamplingParams, Trajectory  # noqa: E402
 from sandbox import KernelPool, Limits, run_sync  # noqa: E402
 from tests.scripted import SCRIPTS, ScriptTask, script_sequences, teach_scripts  # noqa: E402

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from replrl.backends.base import Generator, GenSession
-from replrl.backends.vllm_check import VLLM_OWNED_ARGS, VLLMInstallError, check_vllm_table
+from replrl.backends.vllm_check import VLLMInstallError, check_vllm_table
 
 log = logging.getLogger(__name__)
 
@@ -90,23 +90,8 @@ def close_generator(generator: Any) -> None:
         close()
 
 
-_CONTRACT = ("TokenMasks", "eos_ids", "line_end_ids", "line_starts", "newline_banned_mask", "sampling_logprobs",
-             "token_masks")
-"""The sampler/trainer contract's names, re-exported from ``replrl.contract`` on first use (so importing this
-package, e.g. for ``vllm_check``, does not import torch)."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CONTRACT:
-        from replrl import contract
-
-        return getattr(contract, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["BACKENDS", "VLLM_OWNED_ARGS", "BackendError", "Generator", "GenSession", "TokenMasks", "backend_class",
-           "check_vllm_table", "close_generator", "eos_ids", "line_end_ids", "line_starts", "load_generator",
-           "newline_banned_mask", "open_generator", "sampling_logprobs", "token_masks", "vllm_engine_args"]
+__all__ = ["BACKENDS", "BackendError", "Generator", "GenSession", "backend_class", "close_generator",
+           "load_generator", "open_generator", "sleep_generator", "vllm_engine_args", "wake_generator"]
 
 
 def vllm_engine_args(cfg: Any, known: set[str] | None = None) -> dict[str, Any]:

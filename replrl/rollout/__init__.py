@@ -9,8 +9,7 @@
                    once; split_by_group; rollout_in_waves
     stats.py       rollout figures: RolloutStats, summarize, state_stats, the merges of waves' and ranks' figures
 
-This face re-exports the names ``replrl.rollout`` had as one module (and ``replrl.tree``'s, ``replrl.states``'s), so
-``from replrl.rollout import rollout, EpisodeRules, build_prompt, ...`` keeps working.
+This face is the wing's one import path: ``from replrl.rollout import rollout, EpisodeRules, build_prompt, ...``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ runs is the rules'."""
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,27 +86,14 @@ class Env:
         return replace(self, rewards=self.rewards.at(step))
 
 
-def limits_from_sampling(env: Env, sampling: Any, stacklevel: int = 3) -> tuple[Env, Any]:
-    """``env`` and ``sampling`` with the episode limits a caller set on ``sampling`` (deprecated: ``max_lines``,
-    ``max_total_tokens``) moved into ``env.rules``, with a DeprecationWarning; both as they are when it set none.
-    For one release, so code written before the limits moved keeps its limits."""
-    moved = {k: getattr(sampling, k, None) for k in ("max_lines", "max_total_tokens")}
-    moved = {k: v for k, v in moved.items() if v is not None}
-    if not moved:
-        return env, sampling
-    warnings.warn(f"SamplingParams({', '.join(f'{k}={v}' for k, v in moved.items())}): episode limits live in "
-                  f"EpisodeRules now (Env.rules, EpisodeRules.from_config(cfg.rollout)); SamplingParams' fields "
-                  f"go in the next release", DeprecationWarning, stacklevel=stacklevel)
-    return replace(env, rules=replace(env.rules, **moved)), replace(sampling, max_lines=None, max_total_tokens=None)
-
-
 @contextlib.contextmanager
 def open_env(cfg: Any, *, pool_size: int, generator: Any = None, task: Any = None, rewards: Any = None,
              step: int = 0) -> Iterator[Env]:
     """``with open_env(cfg, pool_size=8) as env:`` an Env composed from a ``Config``, for every door that rolls out
-    outside the Trainer (``replrl.evaluate``, ``sample_episodes``, ``replrl eval``/``rollout``): a started kernel
-    pool of ``pool_size`` kernels (``cfg.rollout``'s limits, the task's tools), ``EpisodeRules.from_config``, the
-    reward model of ``cfg.rewards`` with the weights scheduled for ``step``, ``[model]``'s chat template options.
+    outside the Trainer (``replrl.evaluate``, ``sample_episodes``, ``replrl eval``/``rollout``, the bench scripts): a
+    started kernel pool of ``pool_size`` kernels (``cfg.rollout.kernel_pool``: its limits, ``kernel_refill`` and
+    ``kernel_hosts``; the task's tools), ``EpisodeRules.from_config``, the reward model of ``cfg.rewards`` with the
+    weights scheduled for ``step``, ``[model]``'s chat template options.
 
     ``generator``, ``task``, ``rewards``: parts the caller already holds (a Trainer's generator, a Python task), used
     as they are and left open; None: opened here from the config (the policy by ``policy.load_policy`` and

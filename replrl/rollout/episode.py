@@ -26,7 +26,7 @@ from ..backends.base import GenSession
 from ..repl import ReplSession, ReplStep
 from ..tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from ..types import Line, LineSample, SamplingParams, Trajectory
-from .env import Env, limits_from_sampling
+from .env import Env
 from .transcript import code_of, decode, env_token_ids
 
 SUBMIT = "submit"
@@ -72,7 +72,6 @@ async def run_episode(gen: GenSession, i: int, env: Env, row: dict, prompt_ids: 
                       sampling: SamplingParams) -> Trajectory:
     """One episode on row ``i`` of the generation session, in ``env`` (its pool, task, rules, rewards); ``sampling``
     (the session's) is recorded in the trajectory."""
-    env, sampling = limits_from_sampling(env, sampling)
     task, rules = env.task, env.rules
     ep = Episode.start(prompt_ids, env, sampling)
     try:

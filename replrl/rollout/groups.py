@@ -6,39 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-import warnings
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from ..types import SamplingParams, Trajectory
-from .env import Env, limits_from_sampling
+from .env import Env
 from .episode import run_episode
 from .stats import RolloutStats
 from .transcript import build_prompt, encode
 from .tree import tree_rollout
 
 
-def rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, *old: Any, group_size: int = 1,
-            progress: Any = None, tree: Any = None, **old_kw: Any) -> Coroutine[Any, Any, tuple[list[Trajectory],
-                                                                                              RolloutStats]]:
+def rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, *, group_size: int = 1,
+            progress: Any = None, tree: Any = None) -> Coroutine[Any, Any, tuple[list[Trajectory], RolloutStats]]:
     """``await rollout(env, rows, sampling, group_size=G)``: sample ``group_size`` episodes for each ``(row_index,
     row)`` in ``env`` concurrently; the episodes grouped in order, and the rollout's statistics. Episode-level reward
     functions (``env.rewards``) are scored once, here.
 
     ``tree`` (a ``TreeShape`` with branch points): each group is a tree of episodes that branch at line boundaries
     instead (``tree_rollout``; its leaves replace the ``group_size`` episodes). ``progress``: a bar, updated per
-    episode. (A plain function returning the coroutine, so that what it refuses or warns about names the caller.)
-
-    ``old``, ``old_kw``: deprecated for one release, the form ``rollout(generator, pool, task, rows, rewards,
-    sampling, rules, group_size, chat_template, progress, tree, chat_template_kwargs)``; it builds the Env, with a
-    DeprecationWarning naming the new form."""
+    episode. (A plain function returning the coroutine, so that what it refuses names the caller's line.)"""
     if not isinstance(env, Env):
-        env, rows, sampling, group_size, progress, tree = _env_from_parts(
-            (env, rows, sampling, *old), {"group_size": group_size, "progress": progress, "tree": tree, **old_kw})
-    elif old or old_kw:
-        raise TypeError(f"rollout(env, rows, sampling, *, group_size=1, progress=None, tree=None): unexpected "
-                        f"arguments {list(old) + sorted(old_kw)}")
-    env, sampling = limits_from_sampling(env, sampling, stacklevel=3)
+        raise TypeError(f"rollout(env, rows, sampling, *, group_size=1, progress=None, tree=None) takes an Env first, "
+                        f"not {type(env).__name__}: build one with open_env(cfg, pool_size=...) or Env(generator, "
+                        f"pool, task, rules, rewards, ...)")
     return _rollout(env, rows, sampling, group_size, progress, tree)
 
 
@@ -50,28 +41,6 @@ async def _rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: Samplin
         trajs, stats = await flat_rollout(env, rows, sampling, group_size, progress)
     await env.rewards.score_episodes(trajs, rows)  # episode-level reward functions (rewards.functions), all at once
     return trajs, stats
-
-
-_OLD_FORM = ("generator", "pool", "task", "rows", "rewards", "sampling", "rules", "group_size", "chat_template",
-             "progress", "tree", "chat_template_kwargs")
-"""The parameters of ``rollout`` before it took an Env, in order."""
-
-
-def _env_from_parts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Env, Any, SamplingParams, int, Any, Any]:
-    """The old form of ``rollout``'s arguments -> an Env and the new form's other arguments, with a
-    DeprecationWarning (``kwargs`` holds the new form's keywords too: what ``args`` gives by position wins)."""
-    given = {**kwargs, **dict(zip(_OLD_FORM, args, strict=False))}
-    if len(args) > len(_OLD_FORM) or set(given) - set(_OLD_FORM) or not set(_OLD_FORM[:7]) <= set(given):
-        raise TypeError("rollout(env, rows, sampling, *, group_size=1, progress=None, tree=None) takes an Env first "
-                        f"(or, deprecated, {', '.join(_OLD_FORM)})")
-    warnings.warn("rollout(generator, pool, task, rows, rewards, sampling, rules, ...) is deprecated: pass an Env, "
-                  "rollout(Env(generator, pool, task, rules, rewards, chat_template=..., chat_template_kwargs=...), "
-                  "rows, sampling, group_size=..., progress=..., tree=...) (or open_env(cfg, pool_size=...))",
-                  DeprecationWarning, stacklevel=3)
-    env = Env(given["generator"], given["pool"], given["task"], given["rules"], given["rewards"],
-              chat_template=given.get("chat_template", True),
-              chat_template_kwargs=given.get("chat_template_kwargs") or {})
-    return env, given["rows"], given["sampling"], given["group_size"], given["progress"], given["tree"]
 
 
 async def flat_rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: SamplingParams, group_size: int = 1,

@@ -46,7 +46,7 @@ from ..backends.base import GenSession
 from ..repl import ReplSession
 from ..tasks.base import Task
 from ..types import SamplingParams, Trajectory
-from .env import Env, limits_from_sampling
+from .env import Env
 from .episode import Episode, finish_episode, play, run_setup
 from .stats import RolloutStats
 from .transcript import build_prompt, encode
@@ -148,7 +148,6 @@ async def tree_rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: Sam
     tree order), and the statistics (``tree/...``: branch points, replays and how many diverged, replay time per
     line, tokens generated per leaf against the sampled tokens the leaves hold, which is what a flat group of as
     many episodes samples; ``gen_...``: the generation sessions' counters, summed)."""
-    env, sampling = limits_from_sampling(env, sampling)
     tree = _Tree(env, sampling, shape, progress)
     return await tree.run(rows)
 
