@@ -30,15 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from replrl.api import load_config
-from replrl.backends import close_generator, open_generator
 from replrl.cli import run_script
 from replrl.evaluation import split_rows, task_from_config
-from replrl.policy import load_policy
-from replrl.rewards import SYNTAX_ERRORS, RewardModel
-from replrl.rollout import Env, EpisodeRules, rollout, summarize
+from replrl.rewards import SYNTAX_ERRORS
+from replrl.rollout import open_env, rollout, summarize
 from replrl.types import Trajectory
 from replrl.viewer import load_jsonl, save_jsonl
-from sandbox import KernelPool, run_sync
+from sandbox import run_sync
 
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 LEVELS = (1, 2, 3)
@@ -113,16 +111,12 @@ def sample_waves(cfg: Any, task: Any, todo: list[tuple[int, dict]], done: list[T
                  episodes: Path, wave: int, seed: int, code: str, total: int) -> None:
     """Sample the ``todo`` problems with ``cfg``'s model, ``wave`` at a time, appending each wave's episodes to
     ``done`` and writing them (atomically) and ``timing`` to disk as the wave ends, so a rerun resumes there. The
-    model is loaded here and its generator and kernel pool closed at the end. ``code``: the replrl version."""
+    model and a pool of ``wave`` kernels are opened here (``open_env``) and closed at the end. ``code``: the replrl
+    version."""
     episodes.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    policy, tokenizer = load_policy(cfg.model, seed=seed)
-    generator = open_generator(cfg.model, policy, tokenizer)
-    print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-    pool = run_sync(KernelPool(size=wave, limits=cfg.rollout.limits(), tools=task.tools).start())
-    env = Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout), RewardModel.from_config(cfg.rewards),
-              chat_template=cfg.model.chat_template, chat_template_kwargs=cfg.model.chat_template_kwargs)
-    try:
+    with open_env(cfg, pool_size=wave, task=task) as env:
+        print(f"  model loaded and kernels started in {time.perf_counter() - t0:.1f} s", flush=True)
         for start in range(0, len(todo), wave):
             sampling = cfg.rollout.sampling(seed=seed + 7 + len(done))
             part, stats = run_sync(rollout(env, todo[start:start + wave], sampling))
@@ -136,9 +130,6 @@ def sample_waves(cfg: Any, task: Any, todo: list[tuple[int, dict]], done: list[T
             episodes.with_suffix(".timing.json").write_text(json.dumps(timing))
             print(f"  {len(done)}/{total} episodes, {sum(bool(t.correct) for t in done)} correct, "
                   f"{stats.model_tokens / max(stats.wall_s, 1e-9):.1f} tokens/s in this wave", flush=True)
-    finally:
-        run_sync(pool.close())
-        close_generator(generator)
 
 
 def write_results(out: Path, results: dict[str, Any]) -> None:

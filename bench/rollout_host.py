@@ -27,13 +27,13 @@ from typing import Any
 
 from replrl.api import load_config
 from replrl.cli import run_script
-from replrl.evaluation import split_rows, task_from_config
+from replrl.evaluation import split_rows
 from replrl.models import load_tokenizer
 from replrl.repl import ReplSession
-from replrl.rewards import RewardModel
-from replrl.rollout import Env, EpisodeRules, encode, line_text, rollout
+from replrl.rollout import encode, line_text, open_env, rollout
 from replrl.types import LineSample, SamplingParams
-from sandbox import KernelPool
+from sandbox import run_sync
+from sandbox.protocols import Pool
 
 SCRIPT = [
     "n = 1234",
@@ -84,7 +84,7 @@ class ReplayGenerator:
         pass
 
 
-async def kernels_alone(pool: KernelPool, batch: int) -> None:
+async def kernels_alone(pool: Pool, batch: int) -> None:
     """SCRIPT typed into ``batch`` kernels at once through ReplSession (the execution a rollout does)."""
 
     async def one() -> None:
@@ -96,24 +96,23 @@ async def kernels_alone(pool: KernelPool, batch: int) -> None:
     await asyncio.gather(*(one() for _ in range(batch)))
 
 
-async def measure(batch: int, repeats: int) -> dict[str, float]:
-    cfg = load_config(task={"name": "programs", "options": {"level": 1}})
-    task = task_from_config(cfg)
+def measure(batch: int, repeats: int) -> dict[str, float]:
+    # kernel_hosts 0: the kernels' traffic in this process, as the figures recorded before kernel hosts (issue 65)
+    cfg = load_config(model={"chat_template": False}, task={"name": "programs", "options": {"level": 1}},
+                      rollout={"kernel_hosts": 0})
     generator = ReplayGenerator(load_tokenizer("smollm2-135m-instruct"))
-    rows = list(enumerate(split_rows(task, cfg.task.eval_split)[:batch]))
-    rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
     sampling = cfg.rollout.sampling()
     times: dict[str, list[tuple[float, float]]] = {"rollout": [], "kernels": []}
-    async with KernelPool(size=batch, limits=cfg.rollout.limits(), tools=task.tools) as pool:
-        await kernels_alone(pool, batch)  # warm: every kernel has run a line
+    with open_env(cfg, pool_size=batch, generator=generator) as env:
+        rows = list(enumerate(split_rows(env.task, cfg.task.eval_split)[:batch]))
+        run_sync(kernels_alone(env.pool, batch))  # warm: every kernel has run a line
         for _ in range(repeats):
             for name in ("kernels", "rollout"):  # alternating, so load drifts hit both alike
                 wall, cpu = time.perf_counter(), time.process_time()
                 if name == "kernels":
-                    await kernels_alone(pool, batch)
+                    run_sync(kernels_alone(env.pool, batch))
                 else:
-                    env = Env(generator, pool, task, rules, rewards, chat_template=False)
-                    trajs, _ = await rollout(env, rows, sampling)
+                    trajs, _ = run_sync(rollout(env, rows, sampling))
                     lines = {len(t.lines) for t in trajs}
                     assert lines == {len(SCRIPT)}, f"every episode types the whole script, got {lines} lines"
                 times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
@@ -134,7 +133,7 @@ def main() -> int:
     args = p.parse_args()
     if min(args.batches) < 1 or args.repeats < 1:
         raise ValueError("--batches and --repeats must be >= 1")
-    results = [asyncio.run(measure(b, args.repeats)) for b in args.batches]
+    results = [measure(b, args.repeats) for b in args.batches]
     print("| batch | wall per line round: rollout / kernels alone | host CPU per row-line: rollout / kernels alone |")
     print("|---|---|---|")
     for r in results:

@@ -35,15 +35,14 @@ from typing import Any
 import torch
 from proxy_model import proxy_dir  # bench/, next to this script: the CPU proxy
 
-from replrl.backends import open_generator
+from replrl.backends import close_generator, open_generator
 from replrl.backends.hf import GEN_THREADS
-from replrl.config import ModelConfig, RewardConfig, RolloutConfig
+from replrl.config import Config, ModelConfig, RolloutConfig
 from replrl.models import load_model_and_tokenizer
 from replrl.repl import PS1, PS2, ReplSession
-from replrl.rewards import RewardModel
-from replrl.rollout import Env, EpisodeRules, rollout, summarize
+from replrl.rollout import Env, open_env, rollout, summarize
 from replrl.tasks import load_task
-from sandbox import KernelPool, Limits, run_sync
+from sandbox import Limits, run_sync
 
 DATA = os.environ.get("REPLRL_GSM8K") or str(Path(__file__).resolve().parents[1] / "tests" / "data" / "gsm8k")
 
@@ -61,13 +60,11 @@ def guess_every_line_silent(self: ReplSession, line: str) -> str:
     return PS2 if self._needs_more("\n".join([*self.buffer, line])) else PS1
 
 
-def run_pair(gen: Any, pool: KernelPool, task: Any, rows: list, sampling: Any, rules: EpisodeRules,
-             repeats: int) -> dict[str, Any]:
+def run_pair(env: Env, rows: list, sampling: Any, repeats: int) -> dict[str, Any]:
     """Speculation off and on, ``repeats`` times each in alternating order; the summed figures of each."""
-    rewards = RewardModel(RewardConfig().weights)
+    pool, rules = env.pool, env.rules
     totals = {s: {"wall_s": 0.0, "model_tokens": 0.0, "lines": 0.0, "speculated": 0.0, "hits": 0.0}
               for s in ("off", "on")}
-    env = Env(gen, pool, task, rules, rewards)
     run_sync(rollout(env, rows[: max(2, len(rows) // 4)], sampling))  # warm-up, untimed
     order = [("off", "on"), ("on", "off")]
     for r in range(repeats):
@@ -122,31 +119,27 @@ def main() -> None:
         print(f"skipped (not importable here): {', '.join(skipped)}")
     task = load_task("gsm8k", data=args.data)
     rows = list(enumerate(task.rows("test")))[: args.batch]
-    cfg = RolloutConfig(max_lines=args.max_lines, max_line_tokens=args.line_tokens, max_total_tokens=2048,
-                        max_output_tokens=64)
-    sampling, rules = cfg.sampling(seed=0), EpisodeRules.from_config(cfg)
+    cfg = Config(rollout=RolloutConfig(max_lines=args.max_lines, max_line_tokens=args.line_tokens,
+                                       max_total_tokens=2048, max_output_tokens=64, wall_s=2.0))
+    sampling = cfg.rollout.sampling(seed=0)
     figures: dict[str, Any] = {"guess": args.guess, "batch": args.batch, "repeats": args.repeats,
-                               "max_lines": args.max_lines, "temperature": cfg.temperature, "cpus": os.cpu_count(),
-                               "device": "cuda" if torch.cuda.is_available() else "cpu"}
-    pool = run_sync(KernelPool(size=args.batch, limits=Limits(wall_s=2.0), tools=list(task.tools)).start())
-    try:
-        for spec in args.models:
-            model, tokenizer = load_model_and_tokenizer(str(proxy_dir()) if spec == "proxy" else spec)
-            model.eval()
-            name = "proxy" if spec == "proxy" else spec.split("/")[-1]
-            for backend in backends:
-                gen = open_generator(ModelConfig(backend=backend), model, tokenizer)
-                try:
-                    fig = run_pair(gen, pool, task, rows, sampling, rules, args.repeats)
-                finally:
-                    if hasattr(gen, "close"):
-                        gen.close()
-                figures[f"{backend}/{name}"] = fig
-                print(f"{backend:5s} {name:24s} off {fig['off_wall_s']:7.2f} s  on {fig['on_wall_s']:7.2f} s  "
-                      f"ratio {fig['wall_ratio_on_off']:.3f} (per token {fig['per_token_ratio_on_off']:.3f})  "
-                      f"speculated {fig['speculated_frac']:.0%} of lines, hit rate {fig['hit_rate']}", flush=True)
-    finally:
-        run_sync(pool.close())
+                               "max_lines": args.max_lines, "temperature": cfg.rollout.temperature,
+                               "cpus": os.cpu_count(), "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    for spec in args.models:
+        model, tokenizer = load_model_and_tokenizer(str(proxy_dir()) if spec == "proxy" else spec)
+        model.eval()
+        name = "proxy" if spec == "proxy" else spec.split("/")[-1]
+        for backend in backends:
+            gen = open_generator(ModelConfig(backend=backend), model, tokenizer)
+            try:
+                with open_env(cfg, pool_size=args.batch, generator=gen, task=task) as env:
+                    fig = run_pair(env, rows, sampling, args.repeats)
+            finally:
+                close_generator(gen)
+            figures[f"{backend}/{name}"] = fig
+            print(f"{backend:5s} {name:24s} off {fig['off_wall_s']:7.2f} s  on {fig['on_wall_s']:7.2f} s  "
+                  f"ratio {fig['wall_ratio_on_off']:.3f} (per token {fig['per_token_ratio_on_off']:.3f})  "
+                  f"speculated {fig['speculated_frac']:.0%} of lines, hit rate {fig['hit_rate']}", flush=True)
     print(json.dumps(figures))
 
 

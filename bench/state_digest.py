@@ -29,15 +29,12 @@ from typing import Any
 
 from replrl.advantages import batch_tensors, compute_advantages
 from replrl.api import load_config
-from replrl.backends import open_generator
 from replrl.cli import run_script
 from replrl.evaluation import split_rows, task_from_config
-from replrl.policy import load_policy
-from replrl.rewards import RewardModel
-from replrl.rollout import Env, EpisodeRules, rollout, state_stats
+from replrl.rollout import open_env, rollout, state_stats
 from replrl.types import Trajectory
 from replrl.viewer import save_jsonl
-from sandbox import Kernel, KernelPool, Limits, run_sync
+from sandbox import Kernel, Limits, run_sync
 
 TYPICAL_LINES = (
     "price = 4175",
@@ -114,7 +111,7 @@ def _states_credited_apart(trajs: list[Trajectory], key: str) -> float:
 def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: float = 0.7, level: int = 1,
                  seed: int = 0, episodes: Path | None = None, task_name: str = "programs") -> dict[str, Any]:
     """Roll out ``groups`` x ``group_size`` episodes of ``task_name`` at ``level`` with digests on; the repeat
-    statistics of their start states (``replrl.states.state_stats``) and a few more figures. ``episodes``: a JSON
+    statistics of their start states (``replrl.rollout.state_stats``) and a few more figures. ``episodes``: a JSON
     Lines file to keep the episodes in."""
     cfg = load_config(model={"name": model}, task={"name": task_name, "level": level},
                       rollout={"temperature": temperature, "group_size": group_size, "state_digest": True},
@@ -122,20 +119,9 @@ def repeat_rates(model: str, groups: int = 4, group_size: int = 8, temperature: 
     task = task_from_config(cfg)
     rows = list(enumerate(split_rows(task, cfg.task.train_split)))[:groups]
     t0 = time.perf_counter()
-    policy, tokenizer = load_policy(cfg.model, seed=seed)
-    generator = open_generator(cfg.model, policy, tokenizer)
-    load_s = time.perf_counter() - t0
-    rules = EpisodeRules.from_config(cfg.rollout)
-    size = min(groups * group_size, 16)
-    pool = run_sync(KernelPool(size=size, limits=cfg.rollout.limits(), tools=task.tools).start())
-    try:
-        env = Env(generator, pool, task, rules, RewardModel.from_config(cfg.rewards),
-                  chat_template=cfg.model.chat_template, chat_template_kwargs=cfg.model.chat_template_kwargs)
+    with open_env(cfg, pool_size=min(groups * group_size, 16), task=task) as env:
+        load_s = time.perf_counter() - t0  # the model loaded and the kernels started
         trajs, stats = run_sync(rollout(env, rows, cfg.rollout.sampling(seed=seed), group_size=group_size))
-    finally:
-        run_sync(pool.close())
-        if hasattr(generator, "close"):
-            generator.close()
     if episodes is not None:
         episodes.parent.mkdir(parents=True, exist_ok=True)
         save_jsonl(trajs, episodes)

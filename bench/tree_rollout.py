@@ -34,19 +34,17 @@ import json
 import statistics
 import time
 
-from replrl.backends import open_generator
 from replrl.cli import run_script
 from replrl.config import Config
 from replrl.configlib import resolve
 from replrl.evaluation import task_from_config
-from replrl.policy import load_policy
 from replrl.repl import ReplSession
-from replrl.rewards import RewardModel
-from replrl.rollout import Env, EpisodeRules, TreeShape, rollout
-from sandbox import KernelPool, run_sync
+from replrl.rollout import Env, TreeShape, open_env, rollout
+from sandbox import run_sync
+from sandbox.protocols import Pool
 
 
-async def replay_assignments_ms_per_line(pool: KernelPool, n: int = 5) -> float:
+async def replay_assignments_ms_per_line(pool: Pool, n: int = 5) -> float:
     """Replay 20 assignments (``x3 = 3 * 3``), one replay at a time into a fresh kernel: ms per line (median)."""
     lines = [(f"x{i} = {i} * 3", "") for i in range(20)]
     per_line = []
@@ -57,7 +55,7 @@ async def replay_assignments_ms_per_line(pool: KernelPool, n: int = 5) -> float:
     return statistics.median(per_line)
 
 
-async def replay_ms_per_line(pool: KernelPool, trajs: list, n: int = 8) -> float:
+async def replay_ms_per_line(pool: Pool, trajs: list, n: int = 8) -> float:
     """Replay the lines of up to ``n`` leaves, one at a time, each into a fresh kernel: ms per line."""
     per_line = []
     for t in trajs[:n]:
@@ -122,58 +120,50 @@ def main() -> None:
                                              "max_lines": args.max_lines}})
     task = task_from_config(cfg)
     rows = [(i, task.rows(cfg.task.train_split)[i]) for i in range(args.problems)]
-    model, tokenizer = load_policy(cfg.model, seed=0)
     cfg.model.vllm.update(vllm_opts(cfg.model.backend))
-    gen = open_generator(cfg.model, model, tokenizer)
-    rewards, rules = RewardModel.from_config(cfg.rewards), EpisodeRules.from_config(cfg.rollout)
-    chat = {"chat_template": cfg.model.chat_template, "chat_template_kwargs": cfg.model.chat_template_kwargs}
     totals = {k: {"wall": 0.0, "generated": 0, "fed": 0.0, "leaves": 0, "lines": 0, "lookups": 0, "hits": 0,
                   "forked": 0.0, "fork_s": 0.0}
               for k in ("flat", "tree")}
     in_tree: list[float] = []
     leaves: list = []
 
-    async def go() -> float:
-        async with KernelPool(size=shape.leaves, limits=cfg.rollout.limits(), tools=task.tools) as pool:
-            for _ in range(args.warmup):  # not counted: the first forwards and kernels of the process are slower
-                await pool.wait_full()
-                await rollout(Env(gen, pool, task, rules, rewards, **chat), rows[:1],
-                              cfg.rollout.sampling(seed=999_999), group_size=shape.leaves)
-            for rep in range(args.repeats):
-                for p, row in enumerate(rows):
-                    sampling = cfg.rollout.sampling(seed=1000 * rep + p)
-                    order = ("flat", "tree") if (rep + p) % 2 == 0 else ("tree", "flat")
-                    for kind in order:
-                        await pool.wait_full()  # both start from a full warm pool
-                        cache_before = prefix_cache_counters(args.backend)
-                        t0 = time.perf_counter()
-                        trajs, stats = await rollout(Env(gen, pool, task, rules, rewards, **chat), [row], sampling,
-                                                     group_size=shape.leaves, tree=shape if kind == "tree" else None)
-                        tot = totals[kind]
-                        tot["wall"] += time.perf_counter() - t0
-                        tot["generated"] += stats.model_tokens  # a tree counts its shared prefixes once
-                        tot["fed"] += fed_tokens(stats.extra)
-                        cache_after = prefix_cache_counters(args.backend)
-                        tot["lookups"] += cache_after[0] - cache_before[0]
-                        tot["hits"] += cache_after[1] - cache_before[1]
-                        tot["forked"] += stats.extra.get("gen_forked_tokens", 0.0)
-                        tot["fork_s"] += stats.extra.get("gen_fork_s", 0.0)
-                        tot["leaves"] += len(trajs)
-                        tot["lines"] += sum(len(t.lines) for t in trajs)
-                        if kind == "tree":
-                            in_tree.append(stats.extra["tree/replay_ms_per_line"])
-                            leaves.extend(trajs)
-                        print(f"repeat {rep} problem {p} {kind}: {len(trajs)} episodes, {stats.model_tokens} tokens "
-                              f"sampled, {sum(len(t.lines) for t in trajs) / len(trajs):.1f} lines each, "
-                              f"{stats.wall_s:.1f} s", flush=True)
-            return (await replay_ms_per_line(pool, [t for t in leaves if not t.tree_diverged]),
-                    await replay_assignments_ms_per_line(pool))
+    async def go(env: Env) -> tuple[float, float]:
+        pool = env.pool
+        for _ in range(args.warmup):  # not counted: the first forwards and kernels of the process are slower
+            await pool.wait_full()
+            await rollout(env, rows[:1], cfg.rollout.sampling(seed=999_999), group_size=shape.leaves)
+        for rep in range(args.repeats):
+            for p, row in enumerate(rows):
+                sampling = cfg.rollout.sampling(seed=1000 * rep + p)
+                order = ("flat", "tree") if (rep + p) % 2 == 0 else ("tree", "flat")
+                for kind in order:
+                    await pool.wait_full()  # both start from a full warm pool
+                    cache_before = prefix_cache_counters(args.backend)
+                    t0 = time.perf_counter()
+                    trajs, stats = await rollout(env, [row], sampling, group_size=shape.leaves,
+                                                 tree=shape if kind == "tree" else None)
+                    tot = totals[kind]
+                    tot["wall"] += time.perf_counter() - t0
+                    tot["generated"] += stats.model_tokens  # a tree counts its shared prefixes once
+                    tot["fed"] += fed_tokens(stats.extra)
+                    cache_after = prefix_cache_counters(args.backend)
+                    tot["lookups"] += cache_after[0] - cache_before[0]
+                    tot["hits"] += cache_after[1] - cache_before[1]
+                    tot["forked"] += stats.extra.get("gen_forked_tokens", 0.0)
+                    tot["fork_s"] += stats.extra.get("gen_fork_s", 0.0)
+                    tot["leaves"] += len(trajs)
+                    tot["lines"] += sum(len(t.lines) for t in trajs)
+                    if kind == "tree":
+                        in_tree.append(stats.extra["tree/replay_ms_per_line"])
+                        leaves.extend(trajs)
+                    print(f"repeat {rep} problem {p} {kind}: {len(trajs)} episodes, {stats.model_tokens} tokens "
+                          f"sampled, {sum(len(t.lines) for t in trajs) / len(trajs):.1f} lines each, "
+                          f"{stats.wall_s:.1f} s", flush=True)
+        return (await replay_ms_per_line(pool, [t for t in leaves if not t.tree_diverged]),
+                await replay_assignments_ms_per_line(pool))
 
-    try:
-        replay, replay_assignments = run_sync(go())
-    finally:
-        if hasattr(gen, "close"):  # vLLM: the engine's processes exit now, not at interpreter teardown
-            gen.close()
+    with open_env(cfg, pool_size=shape.leaves, task=task) as env:  # vLLM's engine exits with it, not at teardown
+        replay, replay_assignments = run_sync(go(env))
     flat, tree = totals["flat"], totals["tree"]
     figures = {
         "tree_vs_flat_tokens_generated": tree["generated"] / max(flat["generated"], 1),

@@ -10,7 +10,6 @@ interpreter tokens (and the padding) is what training sees. Prints a table, then
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -19,17 +18,15 @@ import time
 import torch
 
 from replrl.advantages import batch_tensors, compute_advantages
+from replrl.api import load_config
 from replrl.backends import open_generator
 from replrl.cli import run_script
-from replrl.config import Config, ModelConfig
 from replrl.contract import newline_banned_mask
 from replrl.loss import grpo_loss, token_logprobs_and_entropy
 from replrl.models import load_model_and_tokenizer
-from replrl.rewards import RewardModel
-from replrl.rollout import Env, EpisodeRules, rollout
-from replrl.tasks import load_task
+from replrl.rollout import open_env, rollout
 from replrl.types import SamplingParams
-from sandbox import KernelPool, Limits, run_sync
+from sandbox import Limits, run_sync
 
 
 def replrl_update(model, opt, batch, adv, banned, sampling) -> None:
@@ -61,17 +58,12 @@ def main() -> None:
     args = ap.parse_args()
     Limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
     model, tokenizer = load_model_and_tokenizer(args.model)
-    task = load_task("arithmetic", level=2)
+    cfg = load_config(model={"name": args.model, "backend": "hf"}, task={"name": "arithmetic", "level": 2},
+                      rollout={"max_lines": 6, "max_total_tokens": 512})
     sampling = SamplingParams(max_line_tokens=40, seed=0)
-    pool = run_sync(KernelPool(size=args.episodes, tools=task.tools).start())
-    try:
-        rows = [(i, task.rows("test")[i]) for i in range(args.episodes // 4)]
-        rules = dataclasses.replace(EpisodeRules.from_config(Config().rollout), max_lines=6, max_total_tokens=512)
-        env = Env(open_generator(ModelConfig(backend="hf"), model, tokenizer), pool, task, rules,
-                  RewardModel(Config().rewards.weights))
+    with open_env(cfg, pool_size=args.episodes, generator=open_generator(cfg.model, model, tokenizer)) as env:
+        rows = [(i, env.task.rows("test")[i]) for i in range(args.episodes // 4)]
         trajs, _ = run_sync(rollout(env, rows, sampling, group_size=4))
-    finally:
-        run_sync(pool.close())
     batch = batch_tensors(trajs, tokenizer.pad_token_id)
     adv = compute_advantages("line", batch)
     adv = adv + 0.1 * batch["loss_mask"]  # never all-zero, so both updates move the weights

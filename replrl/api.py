@@ -12,10 +12,9 @@ facade (``sandbox.run_sync``) works inside a running notebook loop.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +106,11 @@ def evaluate(model: ModelSource, n: int = 50, *, cfg: Config | None = None, samp
     from .evaluation import evaluate as evaluate_on
     from .rollout import open_env
 
-    with _policy(model, cfg) as (generator, task, cfg):
-        k = samples_per_problem or cfg.run.eval_samples
-        step = model.step if isinstance(model, Trainer) else checkpoint_step(cfg.model.name)
-        with open_env(cfg, pool_size=min(16, n * k), generator=generator, task=task, step=step) as env:
-            return evaluate_on(env, cfg, n, k, progress=progress)
+    cfg, generator, task = _source(model, cfg)
+    k = samples_per_problem or cfg.run.eval_samples
+    step = model.step if isinstance(model, Trainer) else checkpoint_step(cfg.model.name)
+    with open_env(cfg, pool_size=min(16, n * k), generator=generator, task=task, step=step) as env:
+        return evaluate_on(env, cfg, n, k, progress=progress)
 
 
 def sample_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = None, group_size: int = 1,
@@ -134,16 +133,16 @@ def rollout_episodes(model: ModelSource, n: int = 8, *, cfg: Config | None = Non
 
     if n < 1 or group_size < 1:
         raise ValueError("n and group_size must be >= 1")
-    with _policy(model, cfg) as (generator, task, cfg):
-        rows = split_rows(task, split or cfg.task.eval_split)
+    cfg, generator, task = _source(model, cfg)
+    n_problems = -(-n // group_size)
+    wave = max(1, min(16, n_problems * group_size) // group_size)  # problems per wave: at most 16 kernels
+    with open_env(cfg, pool_size=wave * group_size, generator=generator, task=task) as env:
+        rows = split_rows(env.task, split or cfg.task.eval_split)
         if len(rows) == 0:
             raise ValueError(f"task {cfg.task.name!r} has no problems in split {split or cfg.task.eval_split!r}")
-        n_problems = -(-n // group_size)
         chosen = [(i % len(rows), rows[i % len(rows)]) for i in range(n_problems)]
-        wave = max(1, min(16, n_problems * group_size) // group_size)  # problems per wave: at most 16 kernels
-        with open_env(cfg, pool_size=wave * group_size, generator=generator, task=task) as env:
-            return run_sync(rollout_in_waves(env, chosen, cfg.rollout.sampling(), group_size=group_size,
-                                             progress=progress))
+        return run_sync(rollout_in_waves(env, chosen, cfg.rollout.sampling(), group_size=group_size,
+                                         progress=progress))
 
 
 def checkpoint_step(model_path: str) -> int:
@@ -162,20 +161,17 @@ def checkpoint_step(model_path: str) -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, Config]]:
-    """(generator, task, config) for a Trainer, a run directory or a model spec. A generator made here (with
-    ``backends.open_generator``: every [model] option) is closed on exit (a vLLM engine holds processes and GPU
-    memory: a notebook that evaluates twice must not hold two); a Trainer's stays open, it is the trainer's."""
+def _source(model: ModelSource, cfg: Config | None) -> tuple[Config, Any, Any]:
+    """The config of a model source, and the generator and task it already holds, for ``rollout.open_env``: a
+    Trainer's config (or ``cfg``), its generator (the trainer's to close) and its task (with its own config only);
+    for a run directory or a model spec, the saved config (or ``cfg``, else ``Config()``) naming that model, and
+    no generator or task: ``open_env`` opens them from the config (every [model] option) and closes them on exit
+    (a vLLM engine holds processes and GPU memory: a notebook that evaluates twice must not hold two)."""
     from . import checkpoint
-    from .backends import close_generator, open_generator
-    from .evaluation import task_from_config
-    from .policy import load_policy
 
     if isinstance(model, Trainer):
         cfg = cfg or model.cfg
-        yield model.generator, (model.task if cfg is model.cfg else task_from_config(cfg)), cfg
-        return
+        return cfg, model.generator, (model.task if cfg is model.cfg else None)
     saved = Path(model) / "config.toml"
     if cfg is None:
         cfg = resolve(Config, str(saved), {}) if saved.exists() else Config()
@@ -183,9 +179,4 @@ def _policy(model: ModelSource, cfg: Config | None) -> Iterator[tuple[Any, Any, 
     cfg.model.name = checkpoint.model_of(str(model))
     if saved.exists():
         cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
-    policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
-    generator = open_generator(cfg.model, policy, tokenizer)
-    try:
-        yield generator, task_from_config(cfg), cfg
-    finally:
-        close_generator(generator)
+    return cfg, None, None
