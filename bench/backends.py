@@ -101,6 +101,7 @@ from replrl.rollout import build_prompt, code_of, encode, env_token_ids
 from replrl.tasks import load_task
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits, run_sync
+from sandbox.hosts import open_pool
 
 DATA = os.environ.get("REPLRL_GSM8K", "openai/gsm8k")  # a hub id, or a local copy (.jsonl file or directory)
 
@@ -323,6 +324,10 @@ def main() -> None:
                     help="the REPL rollouts alone: no plain generation, same-tokens or per-step cost runs (profiling)")
     ap.add_argument("--mark", action="store_true",
                     help="print '@@ rollout start/end NAME BATCH MODE PID' around each timed REPL rollout")
+    ap.add_argument("--kernel-hosts", type=int, default=0,
+                    help="kernels in N kernel-host processes (rollout.kernel_hosts; sandbox/hosts.py): the trainer's "
+                         "process sees one message a line; 0 (default): every kernel's traffic in this process. "
+                         "With N > 0 only the first --refill mode runs (a host's pool keeps the mode it started with)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
                     help="a vLLM engine argument, VALUE as JSON where it parses (repeatable)")
     args = ap.parse_args()
@@ -346,8 +351,10 @@ def main() -> None:
     banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0]).anywhere.nonzero()
     banned = banned.squeeze(1).tolist()
     per_batch: dict[int, dict[str, Any]] = {}
-    pools = {fork: run_sync(KernelPool(size=max(args.batches), limits=Limits(wall_s=2.0, fork_server=fork),
-                                       tools=["submit"]).start())
+    if args.kernel_hosts:
+        args.refill = args.refill[:1]
+    pools = {fork: run_sync(open_pool(max(args.batches), Limits(wall_s=2.0, fork_server=fork), ["submit"],
+                                      REFILL_MODES[args.refill[0]][0], args.kernel_hosts).start())
              for fork in {REFILL_MODES[m][1] for m in args.refill}}
     pool = pools[REFILL_MODES[args.refill[0]][1]]
     try:
@@ -503,6 +510,7 @@ def main() -> None:
     first = per_batch[args.batches[0]]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(json.dumps({"device": device, "batch": args.batches[0], "tokens_per_row": args.tokens,
+                      "kernel_hosts": args.kernel_hosts,
                       "vllm_vs_hf_rollout_speedup": first["vllm_vs_hf_rollout_speedup"],
                       "vllm_vs_hf_speedup_per_token": first["vllm_vs_hf_speedup_per_token"],
                       "vllm_repl_vs_plain_ratio": first.get("vllm_repl_vs_plain_ratio"),

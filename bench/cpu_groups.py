@@ -1,12 +1,13 @@
 """CPU seconds by process group over a stretch of a run: this process (replrl's host loop and its threads; HF's
-model too), the sandboxed kernels (boots included; the fork server's), and vLLM's engine processes.
+model too), the sandboxed kernels (boots included; the fork server's), the kernel-host processes themselves
+(``rollout.kernel_hosts``, sandbox/host_main.py; their kernels count as kernels), and vLLM's engine processes.
 
 A killed kernel's CPU never reaches this process's RUSAGE_CHILDREN (its bwrap parent dies with it, unwaited), so
 the children's process trees are sampled from /proc every ``every`` seconds, and each process's last
 sample counts (a process alive at the start counts from its first sample). What a kernel spends in the last
 ``every`` seconds before it is killed is missed: a few ms of an idle kernel's.
 
-    meter = CpuGroups(); ...; figures = meter.read()  # {"host": s, "kernels": s, "engine": s}
+    meter = CpuGroups(); ...; figures = meter.read()  # {"host": s, "kernels": s, "hosts": s, "engine": s}
 
 The sampler is a process of its own (``python bench/cpu_groups.py HOST_PID EVERY``), not counted in any group.
 """
@@ -54,6 +55,15 @@ def _is_engine(pid: int) -> bool:
     return b"multiprocessing" in cmd or cmd.startswith(b"VLLM")
 
 
+def _is_kernel_host(pid: int) -> bool:
+    """A kernel-host process (``python -m sandbox.host_main FD``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"sandbox.host_main" in f.read()
+    except OSError:
+        return False
+
+
 def _tree(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -92,12 +102,13 @@ def sample(host: int, every: float) -> None:
             if child == me:
                 continue
             group = "engine" if _is_engine(child) else "kernels"
+            kernel_host = group == "kernels" and _is_kernel_host(child)
             for pid in _tree(child):
                 st = _stat(pid)
                 if st is not None:
                     if is_first:
                         first[(pid, st[0])] = st[1]
-                    last[(pid, st[0])] = (group, st[1])
+                    last[(pid, st[0])] = ("hosts" if kernel_host and pid == child else group, st[1])
 
     once(is_first=True)
     print("ready", flush=True)
@@ -106,7 +117,7 @@ def sample(host: int, every: float) -> None:
     while not done.wait(every):
         once()
     once()
-    out = {"kernels": 0.0, "engine": 0.0}
+    out = {"kernels": 0.0, "hosts": 0.0, "engine": 0.0}
     for key, (group, cpu) in last.items():
         out[group] += cpu - first.get(key, 0.0)
     print(json.dumps({k: round(v, 3) for k, v in out.items()}), flush=True)
