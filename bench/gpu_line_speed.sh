@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issues 48 and 65 on a lent GPU, in one call of at most 8 minutes: why REPL rollouts cost 3.0-3.2x generating the
 # same tokens there (the trainer's process saturated a core at batch 128), and what the fixes give. Run in the
-# repository root on the device after the bundle of ../shared/gpu/README.md is unpacked (/tmp/site, /tmp/cache) and the 0.5B's config carried as .gpucfg/cfg.tar.xz
-# (bench/gpu_prepare.sh makes both here; carry them as docs/gpu.md "Next time a GPU is lent" says). Every step has
+# repository root on the device after the bundle of ../shared/gpu/README.md is unpacked (/tmp/site, /tmp/cache)
+# and the 0.5B's config carried as .gpucfg/cfg.tar.xz (bench/gpu_prepare.sh makes both here; carry them as docs/gpu.md "Next time a GPU is lent" says). Every step has
 # its own time limit inside BUDGET seconds and writes its log to $OUT, so what finished comes back even when a
 # later step does not. Engine starts cost 45-104 s each: the most important steps first (within BUDGET=470 the first
 # two, maybe three, finish; the later ones are for a second window).
