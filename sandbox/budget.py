@@ -28,7 +28,7 @@ the host 28x slower for the rest of the episode, and another kernel's line took 
   memory), or **cgroup v1** with ``cpu`` mounted together with ``memory``: ``cpu.cfs_quota_us`` per period. The
   kernel joins that cgroup itself, before its cgroup namespace is made (``_kernel_side._confine``);
 - **watchdog** everywhere else (cgroup v1 with ``cpu`` mounted apart, as on the 2-core host; containers without
-  delegation): every ``WATCH_EVERY_S`` the host's watchdog sums the CPU time of the kernel's processes (its tree
+  delegation): every ``CPU_EVERY_S`` the host's watchdog sums the CPU time of the kernel's processes (its tree
   from its first process and its uid's; a process reaped inside the tree stays counted in its parent's children's
   time) and keeps a bucket of ``CPU_CORES`` CPU-seconds per second, at most ``CPU_BURST_S`` worth. While the
   bucket is empty every process of the kernel is stopped (SIGSTOP, which no process can catch), and continued
@@ -72,6 +72,12 @@ leave the kernel stopped for seconds)."""
 CPU_HOT_EVERY_S = 0.05
 """How often the watchdog measures a kernel it stopped in the last ``CPU_HOT_S`` (so that on a host of many cores
 the CPU a kernel takes between two measurements, and its stops, stay short)."""
+CPU_EVERY_S = 1.0
+"""How often the watchdog measures the CPU of a kernel it has not stopped lately: a kernel's tree is a few /proc files
+a process and thread, so every 0.25 s across 128 kernels cost the trainer's process 10% of a core (4.9 of its 8.3
+CPU-s in a batch-128 rollout of bench/backends.py); every second, a quarter of that. A kernel past its bucket is
+stopped at the next measurement: on a host of many cores it may take up to ``cores * CPU_EVERY_S`` CPU-seconds
+first, then ``CPU_HOT_EVERY_S`` measurements keep its stops short."""
 CPU_HOT_S = 2.0
 _PREFIX = "replrl-"
 
@@ -291,6 +297,8 @@ class KernelBudget:
     """The watchdog's last (time, CPU seconds of the kernel's processes)."""
     _cpu_bucket: float = 0.0
     _cpu_hot_until: float = 0.0
+    _cpu_next: float = 0.0
+    """When the watchdog measures this kernel's CPU next (``CPU_EVERY_S``; one it stopped: ``CPU_HOT_EVERY_S``)."""
 
     @classmethod
     def open(cls, memory_bytes: int | None, dir_bytes: int | None, watch_dir: str | None = None,
@@ -474,10 +482,12 @@ class _Watchdog:
     def check(self, budgets: list[KernelBudget]) -> None:
         full = any((b.cgroup is None and b.memory_bytes) or (_cpu_watched(b) and b._uid is not None) for b in budgets)
         procs = _processes() if full else {}  # every process of the host: only to sum memory, or to find a uid's
+        now = time.monotonic()
         for budget in budgets:
             if budget.over is not None or budget._kill is None:
                 continue
-            if _cpu_watched(budget) and budget._root_pid is not None:
+            if _cpu_watched(budget) and budget._root_pid is not None and now >= budget._cpu_next:
+                budget._cpu_next = now + CPU_EVERY_S * 0.95
                 _check_cpu(budget, _tree_of(procs, budget._root_pid, budget._uid) if budget._uid is not None
                            else _descendants(budget._root_pid))
             if budget.cgroup is None and budget.memory_bytes and budget._root_pid is not None:
