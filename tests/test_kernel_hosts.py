@@ -10,8 +10,6 @@ import os
 import signal
 import time
 
-import pytest
-
 from sandbox import KernelPool, Limits, run_sync
 from sandbox.hosts import HostedPool
 from sandbox.launch import UID_SPAN
@@ -60,17 +58,19 @@ def test_a_hosted_pool_gives_what_the_in_process_pool_gives():
     assert not uids_running(BASES[0])
 
 
-@pytest.mark.parametrize("attack,words", [(forge("[1, 2]"), "malformed reply"), (SHARED_FRAMES, "16 frames"),
-                                          (FLOOD, "answer nothing")])
-def test_the_checks_on_a_kernels_bytes_hold_across_the_host(attack, words):
+def test_the_checks_on_a_kernels_bytes_hold_across_the_host():
+    """A forged reply, a message of shared frames and a flood, one after the other in one episode on a host: each
+    ends its line as a crash that says why, and the next line runs on a fresh kernel."""
+    attacks = [(forge("[1, 2]"), "malformed reply"), (SHARED_FRAMES, "16 frames"), (FLOOD, "answer nothing")]
+
     async def go():
         async with HostedPool(size=2, limits=Limits(wall_s=10.0, uid_base=BASES[1]), hosts=1) as pool:
             async with pool.acquire() as k:
-                return await k.execute(attack), await k.execute("print('after')")
+                return [(await k.execute(attack), await k.execute("print('after')")) for attack, _ in attacks]
 
-    result, after = run_sync(go())
-    assert result.status == "crashed" and result.restarted and words in (result.limit or ""), result
-    assert after.output == "after\n"
+    for (_, words), (result, after) in zip(attacks, run_sync(go()), strict=True):
+        assert result.status == "crashed" and result.restarted and words in (result.limit or ""), result
+        assert after.output == "after\n"
 
 
 def test_a_host_killed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_on():

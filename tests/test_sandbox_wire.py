@@ -53,16 +53,22 @@ def run(limits: Limits, *codes: str, tools=("submit",)):
     return run_sync(go())
 
 
+SHAPES = ["[1, 2]", "{'replrl': 'x'}", "{'replrl': {'output': 5, 'calls': []}}",
+          "{'replrl': {'output': '', 'calls': [], 'truncated': 'yes'}}", "'text'"]
+"""Contents of a forged reply, each of a wrong shape."""
+
+
 @boots
-@pytest.mark.parametrize("content", ["[1, 2]", "{'replrl': 'x'}", "{'replrl': {'output': 5, 'calls': []}}",
-                                     "{'replrl': {'output': '', 'calls': [], 'truncated': 'yes'}}", "'text'"])
-def test_a_forged_reply_of_the_wrong_shape_ends_its_line_never_the_run(boot, content):
+def test_a_forged_reply_of_the_wrong_shape_ends_its_line_never_the_run(boot):
     """0909ccb: a content that is not an object raised AttributeError out of ``Kernel.execute`` (episodes are
-    gathered without catching it: one line ended the run)."""
-    forged, after = run(BOOTS[boot], forge(content), "print(40 + 2)")
-    assert forged.status == "crashed" and forged.restarted, forged
-    assert forged.limit is not None and "malformed reply" in forged.limit, forged.limit
-    assert (after.status, after.output) == ("ok", "42\n"), after  # a fresh kernel runs the next line
+    gathered without catching it: one line ended the run). Each shape in turn, on one ``Kernel``: each forged reply
+    ends its line and its kernel, and the next line runs on a fresh one."""
+    codes = [code for content in SHAPES for code in (forge(content), "print(40 + 2)")]
+    results = run(BOOTS[boot], *codes)
+    for content, forged, after in zip(SHAPES, results[::2], results[1::2], strict=True):
+        assert forged.status == "crashed" and forged.restarted, (content, forged)
+        assert forged.limit is not None and "malformed reply" in forged.limit, (content, forged.limit)
+        assert (after.status, after.output) == ("ok", "42\n"), (content, after)
 
 
 @boots
@@ -123,7 +129,8 @@ import time; time.sleep(3)
 
 
 @boots
-@pytest.mark.parametrize("attack,words", [(SHARED_FRAMES, "frames"), (ONE_BIG_FRAME, "bytes")])
+@pytest.mark.parametrize("attack,words", [(SHARED_FRAMES, "frames"), (ONE_BIG_FRAME, "bytes")],
+                         ids=["shared_frames", "one_big_frame"])
 def test_a_message_past_the_budget_costs_the_host_nothing_and_ends_the_kernel(boot, attack, words):
     """0909ccb: libzmq read the whole message into the trainer (its queue limit counts messages, not frames or
     bytes) and recv_multipart copied it again: +256 MiB for the shared frames. Here the frames are counted as they
