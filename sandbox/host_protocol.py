@@ -25,14 +25,14 @@ import json
 import math
 import struct
 from dataclasses import asdict, fields
-from typing import Any
+from typing import Any, get_args
 
 from .limits import Limits
 from .reply import MAX_CALLS, Malformed, checked_calls, clean_text, state_digest
-from .result import ExecResult
+from .result import ExecResult, Status
 
 HEADER = struct.Struct(">I")
-STATUSES = ("ok", "error", "timeout", "crashed")
+STATUSES = get_args(Status)
 
 
 class ProtocolError(Exception):

@@ -79,7 +79,6 @@ class Channel:
         self._window_limit = budget.window_bytes or 2 * budget.message_bytes
         self.window_bytes = 0
         self.strays = 0
-        self.bytes_read = 0
 
     @classmethod
     async def connect(cls, path: str, budget: WireBudget, deadline: float,
@@ -129,7 +128,6 @@ class Channel:
             raise WireClosed(f"the kernel closed its socket in a {what}") from None
         except OSError as err:
             raise WireClosed(f"the kernel's socket failed: {err.strerror}") from None
-        self.bytes_read += n
         return data
 
     async def _header(self) -> tuple[int, int]:
