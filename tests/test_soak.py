@@ -45,13 +45,18 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def kernel_dirs() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith(PREFIX)}
+def kernel_dirs(tmp: str) -> set[str]:
+    return {name for name in os.listdir(tmp) if name.startswith(PREFIX)}
 
 
 @pytest.mark.parametrize("boot,hosts", [("booted", 2)])  # forked, in the trainer's process: test_sandbox_wire.py
 def test_a_training_run_among_hostile_kernels_completes_bounded_and_leaves_nothing(boot, hosts, format_model_dir,
-                                                                                     tmp_path):
+                                                                                     tmp_path, monkeypatch):
+    # A temp directory of the run's own: under pytest-xdist the other worker's kernels come and go in the shared one.
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(own_tmp))  # the kernel hosts' (they are started after this)
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))  # this process's
     sections = {
         "model": {"name": str(format_model_dir), "chat_template": False},
         "task": {"name": "tests.hostile_task:HostileEchoTask"},
@@ -62,11 +67,13 @@ def test_a_training_run_among_hostile_kernels_completes_bounded_and_leaves_nothi
         "optim": {"lr": 1e-3, "warmup_steps": 0, "micro_batch": 12},
         "run": {"max_steps": 2, "save_every": 0, "log_samples_every": 0, "eval_n": 0, "time_budget_min": 0},
     }
-    before, dirs_before = descendants(), kernel_dirs()
+    before, dirs_before = descendants(), kernel_dirs(str(own_tmp))
     steps: list[StepResult] = []
     memory: list[int] = []
     trainer = Trainer(resolve(Config, None, sections), tmp_path / "run", progress=False)
-    trainer.train(on_step=lambda r: (steps.append(r), memory.append(rss())))
+    seen: set[str] = set()
+    trainer.train(on_step=lambda r: (steps.append(r), memory.append(rss()), seen.update(kernel_dirs(str(own_tmp)))))
+    assert seen, "the run's kernels live in its own temp directory"
     assert [s.step for s in steps] == [1, 2]
     assert set(trainer.task.used) == set(ATTACKS)  # every class ran
     episodes = [t for s in steps for t in s.trajectories]
@@ -85,4 +92,4 @@ def test_a_training_run_among_hostile_kernels_completes_bounded_and_leaves_nothi
     assert memory[-1] - memory[0] < 96 * 2**20, f"the host grew {(memory[-1] - memory[0]) / 2**20:.0f} MiB"
     del trainer
     assert not (descendants() - before), "a process of the run outlived it"
-    assert not (kernel_dirs() - dirs_before), "a kernel directory outlived the run"
+    assert kernel_dirs(str(own_tmp)) - dirs_before == set(), "a kernel directory outlived the run"
