@@ -57,6 +57,63 @@ from typing import Any
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 TOOL_NOTE = "Use the python tool to compute the answer; call submit(answer) in your code with the final number."
+# replrl's arithmetic header shows a worked example of its format (``>>> x = 12 * (3 + 4)``, ``>>> submit(x)``);
+# --worked-example gives TRL's prompt the same example in the format TRL's loop parses (Qwen2.5's, TRL's qwen2_5)
+EXAMPLE_CODE = "x = 12 * (3 + 4)\nsubmit(x)"
+
+
+def worked_example() -> str:
+    """The worked tool call shown in TRL's prompt: replrl's header example as a ``<tool_call>`` of ``python``."""
+    call = json.dumps({"name": "python", "arguments": {"code": EXAMPLE_CODE}})
+    return f"For example:\n<tool_call>\n{call}\n</tool_call>"
+
+
+def trl_user_turn(question: str, example: bool) -> str:
+    """TRL's user turn: the question, how to answer, and (``example``) the worked call."""
+    return f"{question}\n\n{TOOL_NOTE}" + (f" {worked_example()}" if example else "")
+
+
+# --fair: the tool's answer to a call that ran submit() ends with this line; the TRL side's generation then stops
+# there (no turn after it), as a replrl episode ends at its submit() line. It is in the tool turn: out of the loss.
+SUBMIT_MARK = "[submit() called: the episode is over]"
+# --fair: replrl's reward is the outcome alone, as TRL's: 1 for a right submit(), 0 otherwise (every per-line term 0)
+OUTCOME_ONLY = {"correct": 1.0, "wrong": 0.0, "no_submit": 0.0, "syntax_error": 0.0, "exception": 0.0,
+                "timeout": 0.0, "crash": 0.0, "repeat_line": 0.0}
+# --fair: replrl's side with the zero-gradient skip off (every backward runs, as in TRL's trainer); the library's
+# switch is the class attribute Trainer.skip_zero_gradient, so the child sets it before `replrl train` runs
+NO_SKIP_BOOT = ("import sys; import replrl.trainer as t; t.Trainer.skip_zero_gradient = False; "
+                "from replrl.cli import main; sys.exit(main())")
+
+
+def problem_order(n_rows: int, seed: int, n: int) -> list[int]:
+    """The indices of the first ``n`` training problems ``replrl train`` draws (its ``ProblemStream`` at
+    ``run.seed = seed``): with --fair the TRL side's dataset holds these rows in this order, unshuffled."""
+    from replrl.draw import ProblemStream
+
+    return [i for i, _ in ProblemStream(list(range(n_rows)), seed).take(n)]
+
+
+def fair_replrl_overrides(budget: int) -> dict[str, Any]:
+    """--fair: replrl's reward, credit and limits made TRL's. The outcome alone (OUTCOME_ONLY), GRPO's episode
+    advantage normalised by the group's std (TRL's ``scale_rewards="group"``), and no per-line limit that TRL lacks:
+    lines, a line's tokens, an output's tokens and repeats are bounded by the budget alone."""
+    return {"rewards.weights": json.dumps(OUTCOME_ONLY), "advantages.estimator": "outcome",
+            "advantages.scale": "std", "rollout.max_lines": budget, "rollout.max_line_tokens": budget,
+            "rollout.max_output_tokens": budget, "rollout.max_repeats": budget + 1}
+
+
+def has_submit_mark(text: str) -> bool:
+    """Whether a decoded prompt tail holds the tool's SUBMIT_MARK (the episode is over)."""
+    return SUBMIT_MARK in text
+
+
+def time_to_accuracy(evals: list[dict], threshold: float) -> float | None:
+    """Training wall seconds (``train_s``) at the first held-out evaluation whose accuracy reaches ``threshold``
+    (None: never reached). ``evals``: dicts with ``accuracy`` and ``train_s``, in step order."""
+    for e in evals:
+        if e.get("accuracy") is not None and e["accuracy"] >= threshold - 1e-12:
+            return float(e["train_s"])
+    return None
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
 
@@ -85,16 +142,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true",
                    help="a tiny random model on Qwen2.5's tokenizer, 1 step, 2 x 2 episodes: the plumbing only")
     p.add_argument("--vllm", action="store_true", help="both sides generate with vLLM (a GPU)")
+    p.add_argument("--fair", action="store_true",
+                   help="issue 68's race: --worked-example, --trl-answer submit, the TRL side's problems in "
+                        "replrl's order (unshuffled), its generation ends at a submit() (as replrl's episode does), "
+                        "replrl's reward the outcome alone with GRPO's episode advantage, no per-line limits, the "
+                        "budget after the prompt equal (replrl: budget + its shortest prompt), the zero-gradient "
+                        "skip off (--replrl-skip on to measure it)")
+    p.add_argument("--worked-example", action="store_true",
+                   help="TRL's prompt shows a worked <tool_call> (replrl's header example, x = 12 * (3 + 4))")
+    p.add_argument("--trl-answer", choices=("submit", "lenient"),
+                   help="what TRL's reward takes as the answer: submit() only (replrl's rule; --fair's default) "
+                        "or, without a submit(), the final message's last number (the default without --fair)")
+    p.add_argument("--replrl-skip", choices=("on", "off"),
+                   help="replrl's zero-gradient skip (default: on; off with --fair)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="held-out evaluation every N steps on both sides (0: before and after only)")
     p.add_argument("--out", required=True, help="output directory (results.json, each side's records)")
     p.add_argument("--reuse", action="store_true", help="a side whose OUT/<side>.json exists is not run again")
     p.add_argument("--side", choices=("replrl", "trl"), help=argparse.SUPPRESS)  # the child process's own side
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--max-total-tokens", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.fair:
+        args.worked_example = True
+    args.trl_answer = args.trl_answer or ("submit" if args.fair else "lenient")
+    args.replrl_skip = args.replrl_skip or ("off" if args.fair else "on")
     if args.smoke:
         args.steps, args.group_size, args.problems_per_step, args.eval_n, args.budget_tokens = 1, 2, 2, 2, 48
-    if args.group_size < 2 or args.steps < 1 or args.problems_per_step < 1 or args.eval_n < 0:
-        p.error("--group-size >= 2, --steps >= 1, --problems-per-step >= 1, --eval-n >= 0")
+    if args.group_size < 2 or args.steps < 1 or args.problems_per_step < 1 or args.eval_n < 0 or args.eval_every < 0:
+        p.error("--group-size >= 2, --steps >= 1, --problems-per-step >= 1, --eval-n >= 0, --eval-every >= 0")
     return args
 
 
@@ -128,13 +204,15 @@ def tiny_model_dir(out: Path) -> str:
     return str(target)
 
 
-def replrl_prompt_tokens(model_dir: str, task: Any, rows: list[dict]) -> int:
-    """replrl's longest prompt (chat template, header, banner, first ``>>>``) among ``rows``, in tokens."""
+def replrl_prompt_tokens(model_dir: str, task: Any, rows: list[dict], shortest: bool = False) -> int:
+    """replrl's longest (``shortest``: shortest) prompt (chat template, header, banner, first ``>>>``) among
+    ``rows``, in tokens."""
     from replrl.models import load_tokenizer
     from replrl.rollout.transcript import build_prompt, encode
 
     tok = load_tokenizer(model_dir)
-    return max(len(encode(tok, build_prompt(tok, task.header(r)))) for r in rows)
+    lengths = [len(encode(tok, build_prompt(tok, task.header(r)))) for r in rows]
+    return min(lengths) if shortest else max(lengths)
 
 
 def mean(xs: list[float]) -> float | None:
@@ -161,7 +239,8 @@ def run_replrl(args: argparse.Namespace, out: Path) -> dict:
         "optim.minibatches": 1, "optim.grad_clip": 1.0,
         "loss.clip_low": 0.2, "loss.clip_high": 0.28, "loss.agg": "token_mean", "loss.kl_coef": 0.0,
         "run.max_steps": args.steps, "run.seed": args.seed, "run.eval_n": args.eval_n,
-        "run.eval_before": "true" if args.eval_n else "false", "run.eval_every": 0, "run.eval_temperature": -1,
+        "run.eval_before": "true" if args.eval_n else "false", "run.eval_every": args.eval_every,
+        "run.eval_temperature": -1,
         "run.transfer_n": 0, "run.save_every": 0, "run.save_model": "false", "run.log_samples_every": 1,
         "run.time_budget_min": 0,
     }
@@ -171,7 +250,10 @@ def run_replrl(args: argparse.Namespace, out: Path) -> dict:
         overrides["task.data"] = args.data
     if args.vllm:
         overrides["model.dtype"] = "bfloat16"
-    cmd = [sys.executable, "-m", "replrl.cli", "train", "--run-dir", str(run_dir)]
+    if args.fair:
+        overrides.update(fair_replrl_overrides(args.budget_tokens))
+    boot = ["-m", "replrl.cli"] if args.replrl_skip == "on" else ["-c", NO_SKIP_BOOT]
+    cmd = [sys.executable, *boot, "train", "--run-dir", str(run_dir)]
     for key, value in overrides.items():
         cmd += [f"--{key}", str(value)]
     print("[replrl] " + " ".join(cmd), flush=True)
@@ -194,11 +276,20 @@ def run_replrl(args: argparse.Namespace, out: Path) -> dict:
             "model_tokens": r["model_tokens_per_episode"] * episodes,
             "env_tokens": r["env_tokens_per_episode"] * episodes,
             "executions": r["lines_per_episode"] * episodes, "reward_mean": r["reward_mean"],
-            "accuracy": r["accuracy"],
+            "accuracy": r["accuracy"], "groups_with_contrast": r.get("groups_with_contrast"),
+            "backward_skipped_frac": r.get("backward_skipped_frac"), "grad_norm": r.get("grad_norm"),
+            "submit_rate": r.get("submit_rate"),
         })
+    train_s, curve = 0.0, []
+    by_step = {s["step"]: s["step_s"] for s in per_step}
+    for e in evals:  # the step an evaluation follows (0: before training) and the training wall up to it
+        train_s = sum(v for k, v in by_step.items() if k <= e["step"])
+        curve.append({"step": e["step"], "accuracy": e["eval/accuracy"], "n": e.get("eval/episodes"),
+                      "wall_s": e.get("eval/wall_s"), "train_s": round(train_s, 2)})
     return {"side": "replrl", "before_accuracy": before, "after_accuracy": after, "eval_n": args.eval_n,
             "eval_wall_s": [e.get("eval/wall_s") for e in evals], "process_wall_s": round(total_s, 1),
-            "executions_are": "lines executed (a block's lines count one each)", "steps": per_step}
+            "executions_are": "lines executed (a block's lines count one each)", "steps": per_step,
+            "evals": curve, "skip_zero_gradient": args.replrl_skip == "on"}
 
 
 # ---------------------------------------------------------------------------------------------------------- TRL
@@ -211,6 +302,8 @@ class PythonSandbox:
     task: Any = None
     tool_s = 0.0  # seconds spent in tool calls, all instances (read per step by run_trl)
     tool_calls = 0
+    stop_at_submit = False  # --fair: a call that ran submit() ends its answer with SUBMIT_MARK (see run_trl)
+    lenient = True  # without a submit(), the final message's last number is the answer (--trl-answer lenient)
 
     def __init__(self) -> None:
         self._held: Any = None
@@ -243,7 +336,11 @@ class PythonSandbox:
             if self.kernel is None:
                 self._held = PythonSandbox.pool.acquire()
                 self.kernel = self._held.__enter__()
-            return self._run(str(code))
+            n_submitted = len(self.submitted)
+            text = self._run(str(code))
+            if PythonSandbox.stop_at_submit and len(self.submitted) > n_submitted:
+                text = f"{text.rstrip(chr(10))}\n{SUBMIT_MARK}"
+            return text
         finally:
             PythonSandbox.tool_s += time.perf_counter() - t0
             PythonSandbox.tool_calls += 1
@@ -278,6 +375,8 @@ class PythonSandbox:
         task = PythonSandbox.task
         if self.submitted:
             return any(bool(task.check(self.row, value)) for value in self.submitted[-1:])
+        if not PythonSandbox.lenient:
+            return False
         found = _NUMBER.findall(final_text or "")
         return bool(found) and bool(task.check(self.row, found[-1].replace(",", "")))
 
@@ -302,6 +401,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
     batch = args.group_size * args.problems_per_step
     eval_batch = max(1, min(8, args.eval_n or 1))
     PythonSandbox.task = task
+    PythonSandbox.stop_at_submit, PythonSandbox.lenient = args.fair, args.trl_answer == "lenient"
     PythonSandbox.pool = SyncKernelPool(max(batch, eval_batch), limits=Limits(wall_s=5.0, memory_mb=2048),
                                         tools=("submit",))
     model, tok = load_model_and_tokenizer(args.model_dir, dtype=torch.bfloat16 if args.vllm else torch.float32,
@@ -316,15 +416,20 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
 
     def prompt_of(row: dict) -> list[dict]:
         # The question and how to answer; replrl's header speaks of a REPL transcript, which this side has not
-        return [{"role": "user", "content": f"{row[getattr(task, 'field_question', 'question')]}\n\n{TOOL_NOTE}"}]
+        return [{"role": "user", "content": trl_user_turn(row[getattr(task, 'field_question', 'question')],
+                                                          args.worked_example)}]
 
     train_rows = rows_of(task, "train")
+    if args.fair:  # replrl's problems in replrl's order: the dataset unshuffled, one step's problems after another
+        order = problem_order(len(train_rows), args.seed, args.steps * args.problems_per_step)
+        train_rows = [train_rows[i] for i in order]
     eval_rows = rows_of(task, "test", args.eval_n)
     train_ds = datasets.Dataset.from_list([{**r, "prompt": prompt_of(r)} for r in train_rows])
     eval_ds = datasets.Dataset.from_list([{**r, "prompt": prompt_of(r)} for r in eval_rows]) if eval_rows else None
     outcomes: dict[str, list[bool]] = {"train": [], "eval": []}
     mode = ["train"]
     samples: list[dict] = []  # the last few episodes, for the record
+    evals: list[dict] = []  # held-out accuracy after each evaluated step (0: before training), with training wall
 
     def correct(completions: list, environments: list | None = None, **kwargs: Any) -> list[float]:
         rewards = []
@@ -363,6 +468,8 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
             print(f"[trl] step {entry['step']} | {step_s:.1f}s (rollout {entry['rollout_s']:.1f}s, tools "
                   f"{entry['execution_s']:.2f}s) | {entry['model_tokens']} model tokens | {entry['executions']} "
                   f"tool calls | accuracy {entry['accuracy']}", flush=True)
+            if args.eval_every and state.global_step % args.eval_every == 0:
+                evaluate(f"after step {state.global_step}", state.global_step)
 
     config = GRPOConfig(
         output_dir=str(out / "trl_run"), use_cpu=not torch.cuda.is_available(), bf16=args.vllm, fp16=False,
@@ -372,10 +479,37 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
         num_iterations=1, max_completion_length=args.budget_tokens, temperature=args.temperature, top_k=0,
         top_p=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
         max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        shuffle_dataset=not args.fair,
         dataloader_pin_memory=False, gradient_checkpointing=False, use_vllm=args.vllm, vllm_mode="colocate",
         vllm_gpu_memory_utilization=0.3,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=correct, args=config, train_dataset=train_ds,
+    class Trainer(GRPOTrainer):
+        """--fair: a row whose last tool call ran submit() (SUBMIT_MARK in its tool turn) gets no turn after it: the
+        episode ends there, as replrl's does at its submit() line. Other rows generate as TRL does."""
+
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
+                                  has_tool_images=False):
+            if not args.fair or num_generations != 1 or images is not None or multimodal_fields:
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                     has_tool_images)
+            over = [has_submit_mark(self._tokenizer.decode(ids[-48:])) for ids in prompt_ids]
+            keep = [i for i, done in enumerate(over) if not done]
+            ids_out: list[list[int]] = [[] for _ in prompt_ids]
+            lps_out: list[list[float]] | None = [[] for _ in prompt_ids]
+            if keep:
+                got, lps = super()._generate_single_turn([prompt_ids[i] for i in keep], images, multimodal_fields,
+                                                         num_generations, has_tool_images)
+                for j, i in enumerate(keep):
+                    ids_out[i] = got[j]
+                    if lps is not None:
+                        lps_out[i] = lps[j]
+                if lps is None:
+                    lps_out = None
+            elif not self.use_vllm:
+                lps_out = None
+            return ids_out, lps_out
+
+    trainer = Trainer(model=model, reward_funcs=correct, args=config, train_dataset=train_ds,
                           eval_dataset=eval_ds, processing_class=tok, environment_factory=PythonSandbox,
                           callbacks=[StepTimer()])
     for noisy in (PrinterCallback, ProgressCallback):
@@ -412,17 +546,22 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
 
     trainer._generate, trainer._generate_and_score_completions = timed_generate, timed_generate_and_score
 
-    def evaluate(label: str) -> tuple[float | None, float]:
+    def evaluate(label: str, step: int) -> tuple[float | None, float]:
         if eval_ds is None:
             return None, 0.0
         mode[0] = "eval"
         n0, t0 = len(outcomes["eval"]), time.time()
+        calls0 = PythonSandbox.tool_calls
         trainer.evaluate()
         mode[0] = "train"
         got = outcomes["eval"][n0:]
         acc = mean([float(x) for x in got])
-        print(f"[trl] held-out accuracy {label}: {acc} ({len(got)} rows, {time.time() - t0:.0f}s)", flush=True)
-        return acc, time.time() - t0
+        wall = time.time() - t0
+        print(f"[trl] held-out accuracy {label}: {acc} ({len(got)} rows, {wall:.0f}s)", flush=True)
+        evals.append({"step": step, "accuracy": acc, "n": len(got), "wall_s": round(wall, 1),
+                      "train_s": round(sum(s["step_s"] for s in steps), 2),
+                      "tool_calls": PythonSandbox.tool_calls - calls0})
+        return acc, wall
 
     if trainer.chat_template:
         template += "; replaced by TRL's training template (prefix-preserving)"
@@ -430,16 +569,20 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
           flush=True)
     t0 = time.time()
     try:
-        before, eval_before_s = evaluate("before")
+        before, eval_before_s = evaluate("before", 0)
         trainer.train()
-        after, eval_after_s = evaluate("after")
+        if evals and evals[-1]["step"] == args.steps:
+            after, eval_after_s = evals[-1]["accuracy"], evals[-1]["wall_s"]
+        else:
+            after, eval_after_s = evaluate("after", args.steps)
     finally:
         PythonSandbox.pool.close()
     return {"side": "trl", "before_accuracy": before, "after_accuracy": after, "eval_n": len(eval_rows),
             "eval_wall_s": [round(eval_before_s, 1), round(eval_after_s, 1)],
             "process_wall_s": round(time.time() - t0, 1), "trl_version": trl.__version__, "chat_template": template,
-            "executions_are": "tool calls (a whole code block each)", "steps": steps,
-            "samples": samples}
+            "executions_are": "tool calls (a whole code block each)", "steps": steps, "evals": evals,
+            "samples": samples, "fair": args.fair, "worked_example": args.worked_example,
+            "answer": args.trl_answer, "problem_order": [r.get("question") for r in train_rows[:8]]}
 
 
 # ---------------------------------------------------------------------------------------------------------- report
@@ -542,12 +685,24 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = tiny_model_dir(out) if args.smoke else resolve_model(args.model)
     task = load_task(args)
-    used = rows_of(task, "train", 200) + rows_of(task, "test", args.eval_n)
-    max_total = args.budget_tokens + replrl_prompt_tokens(model_dir, task, used)
+    if args.fair:  # the rows each side sees: the steps' problems in replrl's order and the held-out ones
+        train = rows_of(task, "train")
+        used = [train[i] for i in problem_order(len(train), args.seed, args.steps * args.problems_per_step)]
+        used += rows_of(task, "test", args.eval_n)
+    else:
+        used = rows_of(task, "train", 200) + rows_of(task, "test", args.eval_n)
+    # replrl's max_total_tokens counts its prompt; TRL's budget does not. --fair: budget + replrl's shortest prompt,
+    # so no replrl episode gets more than the budget after its prompt (at most the prompts' spread less)
+    prompt_lengths = (replrl_prompt_tokens(model_dir, task, used, shortest=True),
+                      replrl_prompt_tokens(model_dir, task, used))
+    max_total = args.budget_tokens + prompt_lengths[0 if args.fair else 1]
     meta = {"model": "tiny random (smoke)" if args.smoke else args.model, "model_dir": model_dir,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
             "cpus": os.cpu_count(), "argv": sys.argv, "replrl_max_total_tokens": max_total,
-            "budget_tokens": args.budget_tokens, "loadavg": {"start": os.getloadavg()}}
+            "budget_tokens": args.budget_tokens, "replrl_prompt_tokens_min_max": prompt_lengths,
+            "fair": args.fair, "worked_example": args.worked_example, "trl_answer": args.trl_answer,
+            "replrl_skip": args.replrl_skip, "eval_every": args.eval_every, "seed": args.seed,
+            "loadavg": {"start": os.getloadavg()}}
     sides: dict[str, dict] = {}
     for side in [s for s in args.sides.split(",") if s]:
         if args.reuse and (out / f"{side}.json").is_file():
