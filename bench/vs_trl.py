@@ -58,8 +58,12 @@ from typing import Any
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 TOOL_NOTE = "Use the python tool to compute the answer; call submit(answer) in your code with the final number."
 # replrl's arithmetic header shows a worked example of its format (``>>> x = 12 * (3 + 4)``, ``>>> submit(x)``);
-# --worked-example gives TRL's prompt the same example in the format TRL's loop parses (Qwen2.5's, TRL's qwen2_5)
+# --example gives TRL's prompt the same example in the format TRL's loop parses (Qwen2.5's, TRL's qwen2_5): written
+# out in the user turn (inline), or as an earlier exchange of the conversation (turns: the question, the assistant's
+# tool call, the tool's answer), which is how a chat model meets tool calls in its own training
 EXAMPLE_CODE = "x = 12 * (3 + 4)\nsubmit(x)"
+EXAMPLE_QUESTION = "What is 12 * (3 + 4)?"
+EXAMPLES = ("none", "inline", "turns")
 
 
 def worked_example() -> str:
@@ -71,6 +75,20 @@ def worked_example() -> str:
 def trl_user_turn(question: str, example: bool) -> str:
     """TRL's user turn: the question, how to answer, and (``example``) the worked call."""
     return f"{question}\n\n{TOOL_NOTE}" + (f" {worked_example()}" if example else "")
+
+
+def trl_messages(question: str, example: str) -> list[dict]:
+    """TRL's prompt for a question: one user turn (``example`` none or inline), or (turns) the worked example as an
+    earlier exchange (user, assistant's ``python`` call, the tool's answer as --fair's tool gives it) before it."""
+    if example not in EXAMPLES:
+        raise ValueError(f"example must be one of {EXAMPLES}; got {example!r}")
+    if example != "turns":
+        return [{"role": "user", "content": trl_user_turn(question, example == "inline")}]
+    call = {"type": "function", "function": {"name": "python", "arguments": {"code": EXAMPLE_CODE}}}
+    return [{"role": "user", "content": trl_user_turn(EXAMPLE_QUESTION, False)},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "python", "content": f"(no output)\n{SUBMIT_MARK}"},
+            {"role": "user", "content": trl_user_turn(question, False)}]
 
 
 # --fair: the tool's answer to a call that ran submit() ends with this line; the TRL side's generation then stops
@@ -103,8 +121,10 @@ def fair_replrl_overrides(budget: int) -> dict[str, Any]:
 
 
 def has_submit_mark(text: str) -> bool:
-    """Whether a decoded prompt tail holds the tool's SUBMIT_MARK (the episode is over)."""
-    return SUBMIT_MARK in text
+    """Whether a decoded prompt tail ends with a tool turn holding SUBMIT_MARK (the episode is over): the mark within
+    the last 80 characters after it (a tool turn's closing template), not the worked example's earlier in the prompt
+    (a user turn of more than 80 characters follows that one)."""
+    return SUBMIT_MARK in text[-(len(SUBMIT_MARK) + 80):]
 
 
 def time_to_accuracy(evals: list[dict], threshold: float) -> float | None:
@@ -143,13 +163,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a tiny random model on Qwen2.5's tokenizer, 1 step, 2 x 2 episodes: the plumbing only")
     p.add_argument("--vllm", action="store_true", help="both sides generate with vLLM (a GPU)")
     p.add_argument("--fair", action="store_true",
-                   help="issue 68's race: --worked-example, --trl-answer submit, the TRL side's problems in "
+                   help="issue 68's race: --example turns, --trl-answer submit, the TRL side's problems in "
                         "replrl's order (unshuffled), its generation ends at a submit() (as replrl's episode does), "
                         "replrl's reward the outcome alone with GRPO's episode advantage, no per-line limits, the "
                         "budget after the prompt equal (replrl: budget + its shortest prompt), the zero-gradient "
                         "skip off (--replrl-skip on to measure it)")
-    p.add_argument("--worked-example", action="store_true",
-                   help="TRL's prompt shows a worked <tool_call> (replrl's header example, x = 12 * (3 + 4))")
+    p.add_argument("--example", choices=EXAMPLES,
+                   help="TRL's prompt shows replrl's header example (x = 12 * (3 + 4); submit(x)) as a <tool_call>: "
+                        "in the user turn (inline) or as an earlier exchange (turns); default none, --fair: turns")
     p.add_argument("--trl-answer", choices=("submit", "lenient"),
                    help="what TRL's reward takes as the answer: submit() only (replrl's rule; --fair's default) "
                         "or, without a submit(), the final message's last number (the default without --fair)")
@@ -163,8 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--max-total-tokens", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.fair:
-        args.worked_example = True
+    args.example = args.example or ("turns" if args.fair else "none")
     args.trl_answer = args.trl_answer or ("submit" if args.fair else "lenient")
     args.replrl_skip = args.replrl_skip or ("off" if args.fair else "on")
     if args.smoke:
@@ -416,8 +436,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
 
     def prompt_of(row: dict) -> list[dict]:
         # The question and how to answer; replrl's header speaks of a REPL transcript, which this side has not
-        return [{"role": "user", "content": trl_user_turn(row[getattr(task, 'field_question', 'question')],
-                                                          args.worked_example)}]
+        return trl_messages(row[getattr(task, "field_question", "question")], args.example)
 
     train_rows = rows_of(task, "train")
     if args.fair:  # replrl's problems in replrl's order: the dataset unshuffled, one step's problems after another
@@ -581,7 +600,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
             "eval_wall_s": [round(eval_before_s, 1), round(eval_after_s, 1)],
             "process_wall_s": round(time.time() - t0, 1), "trl_version": trl.__version__, "chat_template": template,
             "executions_are": "tool calls (a whole code block each)", "steps": steps, "evals": evals,
-            "samples": samples, "fair": args.fair, "worked_example": args.worked_example,
+            "samples": samples, "fair": args.fair, "example": args.example,
             "answer": args.trl_answer, "problem_order": [r.get("question") for r in train_rows[:8]]}
 
 
@@ -700,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
             "cpus": os.cpu_count(), "argv": sys.argv, "replrl_max_total_tokens": max_total,
             "budget_tokens": args.budget_tokens, "replrl_prompt_tokens_min_max": prompt_lengths,
-            "fair": args.fair, "worked_example": args.worked_example, "trl_answer": args.trl_answer,
+            "fair": args.fair, "example": args.example, "trl_answer": args.trl_answer,
             "replrl_skip": args.replrl_skip, "eval_every": args.eval_every, "seed": args.seed,
             "loadavg": {"start": os.getloadavg()}}
     sides: dict[str, dict] = {}

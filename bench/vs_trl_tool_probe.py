@@ -2,7 +2,9 @@
 any training, and each first turn parsed as TRL's loop parses it.
 
 For each of ``--n`` training problems and each prompt variant (``--variants``: ``plain``, the question and how to
-answer; ``example``, the same with a worked ``<tool_call>`` like replrl's header example, ``vs_trl.worked_example``),
+answer; ``example``, the same with a worked ``<tool_call>`` like replrl's header example in the user turn,
+``vs_trl.worked_example``; ``turns``, that example as an earlier exchange of the conversation, the question, the
+assistant's call and the tool's answer, ``vs_trl.trl_messages``: the prompt of ``vs_trl.py --fair``),
 ``--samples`` episodes are sampled at the training temperature. The prompt is built as ``GRPOTrainer`` builds it:
 the tool's schema from ``vs_trl.PythonSandbox.python``, ``trl.chat_template_utils.add_response_schema`` (the parser),
 TRL's training chat template when the model's is not prefix-preserving, TRL's ``qwen2_5`` template for a model whose
@@ -31,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_trl  # noqa: E402
+
+VARIANTS = {"plain": "none", "example": "inline", "turns": "turns"}  # the probe's names for vs_trl's --example
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -84,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="tests/data/gsm8k")
     p.add_argument("--n", type=int, default=20, help="training problems (the first n of the train split)")
     p.add_argument("--samples", type=int, default=2, help="episodes per problem and variant")
-    p.add_argument("--variants", default="plain,example", help="plain and/or example (the worked <tool_call>)")
+    p.add_argument("--variants", default="plain,example,turns",
+                   help="plain (no example), example (the worked <tool_call> in the user turn), turns (it as an "
+                        "earlier exchange: vs_trl.py --fair's prompt)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-new-tokens", type=int, default=128, help="the first turn's token limit")
     p.add_argument("--seed", type=int, default=0)
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             submitted = correct = tokens = 0
             t0 = time.time()
             for i, row in enumerate(rows):
-                msgs = [{"role": "user", "content": vs_trl.trl_user_turn(row[qfield], variant == "example")}]
+                msgs = vs_trl.trl_messages(row[qfield], VARIANTS[variant])
                 prompt_ids = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=True,
                                                      return_dict=False, chat_template=training_template)
                 if isinstance(prompt_ids, dict):

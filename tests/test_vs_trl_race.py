@@ -29,6 +29,18 @@ def test_worked_example_is_replrls_header_example_as_a_tool_call():
     assert vs_trl.trl_user_turn("Q?", True) == f"Q?\n\n{vs_trl.TOOL_NOTE} {text}"
 
 
+def test_trl_messages_turns_is_the_example_as_an_earlier_exchange():
+    assert vs_trl.trl_messages("Q?", "none") == [{"role": "user", "content": vs_trl.trl_user_turn("Q?", False)}]
+    assert vs_trl.trl_messages("Q?", "inline") == [{"role": "user", "content": vs_trl.trl_user_turn("Q?", True)}]
+    msgs = vs_trl.trl_messages("Q?", "turns")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "user"]
+    assert msgs[1]["tool_calls"][0]["function"] == {"name": "python", "arguments": {"code": vs_trl.EXAMPLE_CODE}}
+    assert msgs[2]["content"].endswith(vs_trl.SUBMIT_MARK)  # what --fair's tool answers a submit()
+    assert msgs[-1]["content"] == vs_trl.trl_user_turn("Q?", False)
+    with pytest.raises(ValueError):
+        vs_trl.trl_messages("Q?", "fewshot")
+
+
 def test_problem_order_is_replrls_problem_stream():
     from replrl.draw import ProblemStream
 
@@ -56,8 +68,12 @@ def test_fair_overrides_resolve_to_an_outcome_only_config():
 
 
 def test_submit_mark_and_time_to_accuracy():
-    assert vs_trl.has_submit_mark(f"31\n{vs_trl.SUBMIT_MARK}<|im_end|>\n<|im_start|>assistant\n")
+    assert vs_trl.has_submit_mark(f"31\n{vs_trl.SUBMIT_MARK}\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert not vs_trl.has_submit_mark("31\n")
+    # the worked example's mark, followed by the question's user turn, is not the end of an episode
+    question = vs_trl.trl_user_turn("What is 80 + (43 - 92)?", False)
+    later = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    assert not vs_trl.has_submit_mark(f"{vs_trl.SUBMIT_MARK}\n</tool_response><|im_end|>\n{later}")
     evals = [{"step": 0, "accuracy": 0.1, "train_s": 0}, {"step": 10, "accuracy": 0.5, "train_s": 100.0},
              {"step": 20, "accuracy": 0.7, "train_s": 230.0}]
     assert vs_trl.time_to_accuracy(evals, 0.5) == 100.0 == vs_trl_race.time_to(evals, 0.5)
