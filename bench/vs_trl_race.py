@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -172,7 +173,7 @@ def summarize_run(rec: dict, thresholds: list[float]) -> dict:
         "update_s": upd / len(timed) if timed else None,
         "update_ms_per_token": 1000 * upd / tokens if tokens else None,
         "before": evals[0]["accuracy"] if evals else None, "after": evals[-1]["accuracy"] if evals else None,
-        "load_mean": rec["load"]["mean"], "load_max": rec["load"]["max"],
+        "load_mean": rec["load"]["mean"], "load_max": rec["load"]["max"], "cpu_s": rec.get("cpu_s"),
         "time_to": {str(t): time_to(evals, t) for t in thresholds},
     }
     contrast = [s.get("groups_with_contrast") for s in steps if s.get("groups_with_contrast") is not None]
@@ -197,7 +198,8 @@ def report(out: Path, records: list[dict], thresholds: list[float]) -> str:
                   f"{s['eval_every']} steps, replrl's zero-gradient skip {s['replrl_skip']}.", ""]
     head = ("| seed | side | steps | training wall, s | step, s (steps 2+) | model tokens / episode | executions / "
             "episode | generation ms / token | update s / step | update ms / token | held-out before -> after | "
-            + " | ".join(f"time to {t:.0%}, s" for t in thresholds) + " | load (1-min) mean / max |")
+            + " | ".join(f"time to {t:.0%}, s" for t in thresholds)
+            + " | CPU-s of the run | load (1-min) mean / max |")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted(runs, key=lambda r: (r["side"], r["seed"])):
         lines.append(
@@ -206,7 +208,7 @@ def report(out: Path, records: list[dict], thresholds: list[float]) -> str:
             f"{fmt(r['generation_ms_per_token'], '.0f')} | {fmt(r['update_s'])} | "
             f"{fmt(r['update_ms_per_token'], '.0f')} | {fmt(r['before'], '.2f')} -> {fmt(r['after'], '.2f')} | "
             + " | ".join(fmt(r["time_to"][str(t)], ".0f") for t in thresholds)
-            + f" | {fmt(r['load_mean'], '.2f')} / {fmt(r['load_max'], '.2f')} |")
+            + f" | {fmt(r['cpu_s'], '.0f')} | {fmt(r['load_mean'], '.2f')} / {fmt(r['load_max'], '.2f')} |")
     by = {(r["seed"], r["side"]): r for r in runs}
     paired_seeds = sorted(seed for seed, side in by if side == "replrl" and (seed, "trl") in by)
     lines += ["", f"Paired over the seeds both sides finished ({paired_seeds or 'none yet'}): replrl - TRL, mean "
@@ -324,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         sampler = LoadSampler(args.load_every)
         started, t0 = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.time()
         sampler.start()
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         with open(work / f"{side}.console.txt", "w") as console:
             rc = subprocess.run(cmd, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT).returncode
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         sampler.stop.set()
         sampler.join()
         if rc != 0 or not (work / f"{side}.json").is_file():
@@ -337,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         line = {"seed": seed, "side": side, "settings": settings, "started": started,
                 "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "process_wall_s": round(time.time() - t0, 1), "cpus": os.cpu_count(), "code": code_state(),
+                # CPU seconds of the run's processes (those reaped: the trainer, its kernels), user + system: on a
+                # shared machine steadier than wall time; max_rss_gb: the largest child's peak RSS since this race
+                # process started (getrusage keeps the maximum over all children)
+                "cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
+                "max_rss_gb": round(cpu1.ru_maxrss / 2 ** 20, 2),
                 "load": {"mean": round(statistics.fmean(load), 2), "max": round(max(load), 2),
                          "samples": [round(x, 2) for x in load], "every_s": args.load_every},
                 "steps": [step_figures(s) for s in rec["steps"]], "evals": rec.get("evals", []),
