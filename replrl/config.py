@@ -1,7 +1,13 @@
 """Every option of replrl, one dataclass per concern, a docstring under every field: the only home of defaults.
 
 The command line (``--rollout.temperature 0.8``), the TOML config file and ``replrl train --help`` are all generated
-from these classes (see ``replrl.configlib``). Each class validates itself once, in ``__post_init__``.
+from these classes (see ``replrl.configlib``). Each class validates its own values once, in ``__post_init__``.
+
+A leaf: this module imports nothing of the runtime at import time (only ``configlib``), so every module may read a
+config. What a value names in a registry (a reward term or function, a checker, a contrast signal, an estimator)
+is looked up where it is used, when a run starts (the Trainer's set-up, ``open_env``, the task's constructor), before
+any model is loaded; the builders below (``sampling``, ``limits``, ``kernel_pool``) import what they build when
+called.
 """
 
 from __future__ import annotations
@@ -11,8 +17,36 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends.vllm_check import check_vllm_table
 from .configlib import ConfigError, check_choice, check_positive
+
+VLLM_OWNED_ARGS: dict[str, str] = {
+    "model": "replrl writes the policy's config to a directory of its own and copies the weights in",
+    "tokenizer": "the policy's tokenizer is saved beside its config",
+    "load_format": "the engine starts with dummy weights; the trainer's are copied in",
+    "logprobs_mode": "the sampled distribution's log-probs are the importance ratio's denominator",
+    "max_logprobs": "only the sampled token's log-prob is returned",
+    "logits_processors": "the line rule (no newline inside a line) is a logits processor",
+    "worker_extension_cls": "the weight sync is a worker extension",
+    "gpu_memory_utilization": "set model.gpu_memory_utilization",
+    "enable_sleep_mode": "set model.vllm_sleep",
+}
+"""vLLM engine arguments a [model.vllm] table may not set, and why (what replrl's backend depends on)."""
+
+
+def check_vllm_table(table: Any, known: set[str] | None = None) -> None:
+    """Raise ConfigError (one line) for a [model.vllm] table that is not a table, sets an argument
+    replrl owns, or (when ``known``, vLLM's AsyncEngineArgs field names, is given) names an argument vLLM lacks."""
+    import difflib
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"model.vllm must be a table of vLLM engine arguments; got {table!r}")
+    for key in table:
+        if key in VLLM_OWNED_ARGS:
+            raise ConfigError(f"model.vllm.{key} cannot be set: {VLLM_OWNED_ARGS[key]}")
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"model.vllm.{key} is not an argument of the installed vLLM's engine{hint}")
 
 
 @dataclass
@@ -157,9 +191,6 @@ class TaskConfig:
             raise ConfigError("task.level must be between 0 and 5 (arithmetic: 1-5, programs and explore: 0-3)")
         if self.limit < 0:
             raise ConfigError("task.limit must be >= 0")
-        from .tasks.checkers import check_checker_name
-
-        check_checker_name("task.checker", self.checker)
         unknown = sorted(set(self.columns) - {"question", "answer", "data"})
         if unknown:
             raise ConfigError(f"task.columns: {unknown[0]!r} is not one of question, answer, data")
@@ -267,9 +298,6 @@ class RolloutConfig:
             raise ConfigError(f"rollout.dynamic_sampling_probe must be 0 (off) or between 2 and group_size - 1 "
                               f"({self.group_size - 1}): a probe of one episode compares with nothing; got "
                               f"{self.dynamic_sampling_probe}")
-        from .dynamic_sampling import CONTRAST_SIGNALS
-
-        check_choice("rollout.dynamic_sampling_signal", self.dynamic_sampling_signal, tuple(CONTRAST_SIGNALS))
 
     def sampling(self, seed: int | None = None):
         """How a line's tokens are drawn (an episode's limits: ``rollout.EpisodeRules.from_config(this)``)."""
@@ -337,7 +365,8 @@ class RewardConfig:
     examples late_line, used_later, computed_used_later, ran_and_printed, or a user's term as module:function or
     path/file.py:function) and final (correct, wrong, no_submit). 0 switches a term off. A weight is a number or a
     schedule over training steps: {start, end, steps} (linear; shape = "cosine" too), {start, end, at, shape =
-    "step"}, {value}; a table may also name the term's gate."""
+    "step"}, {value}; a table may also name the term's gate. Names are looked up when a run starts
+    (``RewardModel.from_config``: the Trainer's set-up, ``open_env``), before any model is loaded."""
     functions: list[str] = field(default_factory=list)
     """Episode-level reward functions by import path, ["my_rewards:brevity", "pkg.mod:judge"] (imported as Python
     imports them, the working directory first), scored once per episode when it ends. Each declares the arguments
@@ -347,11 +376,6 @@ class RewardConfig:
     gates: dict[str, str] = field(default_factory=dict)
     """Per line term: always (the default), correct (only on episodes whose answer is correct) or wrong (only on
     wrong or unsubmitted ones), e.g. {syntax_error = "wrong"}. A gated-off term is recorded as 0 on the lines."""
-
-    def __post_init__(self) -> None:
-        from .rewards import RewardModel
-
-        RewardModel(self.weights, self.gates, functions=self.functions)  # every term and function resolves
 
 
 @dataclass

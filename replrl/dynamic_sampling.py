@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .configlib import check_choice
 from .types import Trajectory
 
 CONTRAST_TOL = 1e-6
@@ -60,6 +61,12 @@ def outcome_signal(traj: Trajectory) -> float:
 def reward_signal(traj: Trajectory) -> float:
     """The episode's total reward, per-line terms included (what the outcome estimator normalises)."""
     return traj.reward
+
+
+def check_signal(name: str) -> None:
+    """A ConfigError (one line) unless ``name`` is a registered signal (``rollout.dynamic_sampling_signal``): checked
+    when the run starts (the Trainer's set-up), where the registry, a user's signals included, is complete."""
+    check_choice("rollout.dynamic_sampling_signal", name, tuple(CONTRAST_SIGNALS))
 
 
 def has_contrast(rewards: Sequence[float], tol: float = CONTRAST_TOL) -> bool:

@@ -21,26 +21,12 @@ from sandbox import run_sync
 
 from .config import Config, ExtraEval, TaskConfig
 from .rollout import Env, rollout, summarize
-from .tasks import load_task
 from .types import Trajectory
 
 if TYPE_CHECKING:
     from .metrics import EvalWaves
 
 log = logging.getLogger(__name__)
-
-
-def task_from_config(cfg: Config):
-    options = dict(cfg.task.options)
-    if cfg.task.name in ("arithmetic", "programs", "explore"):  # generated: the level and seed come from the config
-        options.setdefault("level", cfg.task.level)
-        options.setdefault("seed", cfg.task.seed)
-    if cfg.task.data:
-        options.setdefault("data", cfg.task.data)
-    for key in ("columns", "checker", "system_prompt"):  # the dataset task's (any task that takes them)
-        if getattr(cfg.task, key):
-            options.setdefault(key, getattr(cfg.task, key))
-    return load_task(cfg.task.name, **options)
 
 
 def split_rows(task: Any, split: str, limit: int = 0) -> Any:

@@ -6,69 +6,39 @@ it: the mean over those tokens of -log p(token | everything before), under the m
 (logits at temperature 1, nothing banned: interpreter text may hold tokens the sampler's line rule bans, and
 temperature and truncation shape sampling, not prediction).
 
-What counts (``output_spans``): the tokens of what the REPL printed after a line (expression values, ``print``
-output, tracebacks), as the transcript holds them. Not the ``>>>``/``...`` prompt after it (constant: predicting it
-teaches nothing about the code, and a line that prints nothing would add a token of free loss), not the truncation
-marker of long output (the environment's text), not the prompt, banner or task header. A token whose text starts in
-the printed part and runs into the prompt (a BPE merge of ``"\\n>>>"``) counts: it carries printed text.
-
-The spans come from what the transcript already records: the tokens between a line's sampled tokens
-(``Line.token_span``) and the next line's are the environment's (``rollout.transcript.env_token_ids``: the output,
-then the next prompt); the line's ``output`` and the next line's ``prompt`` say where the printed text ends.
-``output_mask`` is its own mask: ``loss_mask`` and the sampled log-probs are untouched.
+What counts (``Line.output_span``, recorded at the splice: ``rollout.transcript.env_splice``): the tokens of what the
+REPL printed after a line (expression values, ``print`` output, tracebacks), as the transcript holds them. Not the
+``>>>``/``...`` prompt after it (constant: predicting it teaches nothing about the code, and a line that prints
+nothing would add a token of free loss), not the truncation marker of long output (the environment's text), not the
+prompt, banner or task header. A token whose text starts in the printed part and runs into the prompt (a BPE merge of
+``"\\n>>>"``) counts: it carries printed text. ``output_mask`` is its own mask: ``loss_mask`` and the sampled
+log-probs are untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from .repl import TRUNCATED_MARKER
-from .rollout.transcript import decode, heal
-from .types import Trajectory
+from .types import SamplingParams, Trajectory
 
 
-def output_spans(traj: Trajectory, tokenizer: Any) -> list[tuple[int, int]]:
-    """[start, end) in ``traj.token_ids`` of the tokens of what the interpreter printed after each line (lines that
-    printed nothing have none). The environment's tokens after line k are those up to line k + 1's first token:
-    the printed text, then the next prompt (``>>>``/``...``, with the truncation marker before it when the output
-    was cut, after a newline of the environment's if the cut fell mid-line); the printed part is the tokens that
-    start before the prompt (or the marker, or that newline)."""
-    spans = []
-    ids = traj.token_ids
-    for line, nxt in zip(traj.lines, traj.lines[1:]):
-        start, end = line.token_span[1], nxt.token_span[0]
-        if not line.output or end <= start:
-            continue
-        env = ids[start:end]
-        text = decode(tokenizer, env)
-        tail = heal(nxt.prompt)
-        if text != line.output + tail and text.endswith(TRUNCATED_MARKER + tail):
-            tail = TRUNCATED_MARKER + tail
-        printed = len(text) - len(tail) if text.endswith(tail) else len(text)  # characters of printed text
-        if tail.startswith(TRUNCATED_MARKER) and not line.output.startswith(text[:printed]):
-            printed -= 1  # the newline the environment put before the marker (cut mid-line): not printed
-        n = 0  # tokens that start before `printed`: the last such token and every one before it
-        for k in range(len(env) - 1, -1, -1):
-            if len(decode(tokenizer, env[:k])) < printed:
-                n = k + 1
-                break
-        if n:
-            spans.append((start, start + n))
-    return spans
+def output_spans(traj: Trajectory) -> list[tuple[int, int]]:
+    """[start, end) in ``traj.token_ids`` of the tokens of what the interpreter printed after each line that printed
+    something (``Line.output_span``)."""
+    return [line.output_span for line in traj.lines if line.output_span[1] > line.output_span[0]]
 
 
-def output_mask(trajectories: Sequence[Trajectory], tokenizer: Any, T: int | None = None) -> Tensor:
+def output_mask(trajectories: Sequence[Trajectory], T: int | None = None) -> Tensor:
     """[B, T] float, 1 exactly on the interpreter's printed tokens (``output_spans``), aligned with
     ``advantages.batch_tensors`` (right padding to T, default the longest trajectory)."""
     T = T or max(len(t.token_ids) for t in trajectories)
     out = torch.zeros(len(trajectories), T)
     for i, traj in enumerate(trajectories):
-        for start, end in output_spans(traj, tokenizer):
+        for start, end in output_spans(traj):
             out[i, start:end] = 1.0
     return out
 
@@ -112,10 +82,9 @@ class OutputPrediction:
     process's over the whole batch, and the trainer's mean over ranks of the update's figures leaves them as they
     are."""
 
-    def __init__(self, weight: float, metrics: bool, tokenizer: Any):
+    def __init__(self, weight: float, metrics: bool):
         self.weight = float(weight)
         self.on = self.weight > 0 or metrics
-        self.tokenizer = tokenizer
         self._scale = 0.0
         self._nll = self._hits = self._n = 0.0
         self._sum_over_ranks: Callable[[float], float] = lambda value: value
@@ -123,7 +92,7 @@ class OutputPrediction:
     def add_mask(self, batch: dict[str, Tensor], trajectories: Sequence[Trajectory]) -> None:
         """``batch["output_mask"]`` [B, T] for ``trajectories`` (the batch's rows), when on."""
         if self.on:
-            batch["output_mask"] = output_mask(trajectories, self.tokenizer, batch["input_ids"].shape[1])
+            batch["output_mask"] = output_mask(trajectories, batch["input_ids"].shape[1])
 
     def start_minibatch(self, batch: dict[str, Tensor], mb: Tensor, sum_over_ranks: Callable[[float], float],
                         ranks: int) -> None:
@@ -143,7 +112,7 @@ class OutputPrediction:
         out = batch["output_mask"]
         return [s and (padding or not bool(out[m].any())) for s, (m, _, padding) in zip(skips, micros, strict=True)]
 
-    def mask(self, batch: dict[str, Tensor], micro: Tensor, T: int, device: Any) -> Tensor | None:
+    def mask(self, batch: dict[str, Tensor], micro: Tensor, T: int, device: torch.device) -> Tensor | None:
         """The micro-batch's output mask [b, T] (None when off: the scorer computes nothing more)."""
         return batch["output_mask"][micro][:, :T].to(device) if self.on else None
 
@@ -170,22 +139,20 @@ class OutputPrediction:
 
 
 @torch.no_grad()
-def score_episodes(model: torch.nn.Module, trajectories: Sequence[Trajectory], tokenizer: Any, pad_id: int,
-                   micro_batch: int, device: Any) -> dict[str, float]:
-    """loss/predict_output and predict_output/accuracy of ``model`` on ``trajectories``' output tokens (a held-out
-    evaluation's episodes): one scoring pass without gradient, the LM head on the output tokens only."""
+def score_episodes(scorer: torch.nn.Module, trajectories: Sequence[Trajectory], pad_id: int, micro_batch: int,
+                   device: torch.device | str) -> dict[str, float]:
+    """loss/predict_output and predict_output/accuracy of a model on ``trajectories``' output tokens (a held-out
+    evaluation's episodes): one scoring pass without gradient through ``scorer`` (the Trainer's ``loss.TokenScorer``
+    over its model), the LM head on the output tokens only."""
     from .advantages import batch_tensors
-    from .loss import TokenScorer
-    from .types import SamplingParams
 
     if not trajectories:
         return {}
-    scorer = TokenScorer(model)
     nll = hits = n = 0.0
     for start in range(0, len(trajectories), micro_batch):
         part = trajectories[start:start + micro_batch]
         batch = batch_tensors(part, pad_id)
-        out = output_mask(part, tokenizer, batch["input_ids"].shape[1])
+        out = output_mask(part, batch["input_ids"].shape[1])
         ids, att, out = batch["input_ids"].to(device), batch["attention_mask"].to(device), out.to(device)
         _, _, (ce, hit) = scorer(ids, att, SamplingParams(), loss_mask=torch.zeros_like(out), with_entropy=False,
                                  output_mask=out, output_grad=False)

@@ -19,7 +19,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sandbox import ExecResult, Kernel, StateDigest, ToolCall, empty_state
+from sandbox import ExecResult, StateDigest, ToolCall, empty_state
+from sandbox.protocols import PoolKernel
 
 PS1 = ">>> "
 PS2 = "... "
@@ -63,7 +64,7 @@ class ReplStep:
 class ReplSession:
     """An interactive session on one kernel. ``transcript`` holds the text a person (or the model) would see."""
 
-    kernel: Kernel
+    kernel: PoolKernel
     banner: str = BANNER
     buffer: list[str] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)

@@ -48,6 +48,7 @@ from typing import Any
 
 from .config import Config
 from .configlib import ConfigError, _unknown, build, load_file, merge, resolve, sections, to_dict
+from .rewards import RewardModel
 
 SPEC_KEYS = ("config", "seeds", "steps", "time_budget_min", "base", "variants")
 RUN_RECORD = "sweep.json"
@@ -176,6 +177,7 @@ def plan(spec: str | Path | Mapping[str, Any], out: str | Path, steps: int | Non
             flags = _changed(values, to_dict(file_cfg), explicit)
             try:  # what `replrl train FILE --section.field=VALUE ...` resolves (task-implied defaults included)
                 cfg = resolve(Config, file, flags)
+                RewardModel.from_config(cfg.rewards)  # the reward terms it names exist: now, not when its run starts
             except ValueError as err:
                 raise fail(f"variant {name!r}: {err}") from None
             run_dir = Path(out) / name / f"seed{seed}"

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -44,13 +44,13 @@ from .advantages import (
     correct_negative,
     line_advantage_stats,
 )
-from .backends import close_generator, open_generator, sleep_generator, wake_generator
+from .backends import SleepingGenerator, open_generator
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
 from .contract import TokenMasks, token_masks
 from .draw import Drawn, ProblemStream, draw_step
-from .dynamic_sampling import WAVE_SEED_STRIDE, group_has_contrast
-from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows, task_from_config
+from .dynamic_sampling import WAVE_SEED_STRIDE, check_signal, group_has_contrast
+from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows
 from .loss import TokenScorer, agg_units, grpo_loss, masked_mean
 from .metrics import EvalWaves, MetricsWriter, missing_trackers, open_trackers
 from .policy import (
@@ -70,6 +70,7 @@ from .provenance import record_environment
 from .ranks import Ranks
 from .rewards import RewardModel
 from .rollout import Env, EpisodeRules, TreeShape, summarize
+from .tasks import task_from_config
 from .types import SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,10 @@ class Trainer:
             raise ConfigError(f"advantages.estimator: unknown estimator {cfg.advantages.estimator!r}; known: "
                               f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} (register yours with "
                               "@replrl.advantages.advantage_estimator before training)")
+        check_signal(cfg.rollout.dynamic_sampling_signal)
+        # every reward term and function resolves (a user's by import path): one line now, before any work
+        self.rewards = RewardModel(cfg.rewards.weights, cfg.rewards.gates,
+                                   functions=[*cfg.rewards.functions, *reward_funcs])
         self.ranks = Ranks(self.rank, self.world, self.accelerator.device)
         # a tracker not installed: one line now, before any work, on every rank (only the main process reports)
         self.ranks.agree(missing_trackers(cfg.run.report_to) if self.main else None)
@@ -246,22 +251,20 @@ class Trainer:
         """The reference model's scorer (FSDP2: sharded in the policy's units, ``policy.shard_like``)."""
         self.generator = open_generator(cfg.model, self.model, self.tokenizer, device=self.accelerator.device,
                                         max_rows=cfg.rollout.group_size * self._local_problems())
-        if cfg.model.vllm_sleep and not hasattr(self.generator, "engine"):
+        if cfg.model.vllm_sleep and not isinstance(self.generator, SleepingGenerator):
             raise ConfigError(f"model.vllm_sleep puts vLLM's engine to sleep during the update; the backend here is "
                               f"{type(self.generator).__name__}: set model.backend = vllm or vllm_sleep = false")
-        self.rewards = RewardModel(cfg.rewards.weights, cfg.rewards.gates,
-                                   functions=[*cfg.rewards.functions, *reward_funcs])
         self.rules = EpisodeRules.from_config(cfg.rollout)
         self.tree = TreeShape.from_config(cfg.tree)
         self.pad_id = self.generator.pad_id
-        self.predict_output = OutputPrediction(cfg.loss.predict_output, cfg.loss.predict_output_metrics,
-                                               self.tokenizer)
+        self.predict_output = OutputPrediction(cfg.loss.predict_output, cfg.loss.predict_output_metrics)
         """loss.predict_output: the cross-entropy on the interpreter's output tokens (off: nothing added)."""
         self.step = 0
         self.problems = ProblemStream(self.train_rows, cfg.run.seed)
         self._resumed = resume
         if resume:
             self._resume()
+            self.generator.version = self.step  # opened from the checkpoint's weights: that step's policy
         self._gathered = False
         self._warned_scoring = False  # the held-out output-prediction figures skipped (_held_out_scoring), said once
         """FSDP2 with the hf backend: the whole weights are gathered for the rollouts (``_gather_for_rollouts``)."""
@@ -424,7 +427,7 @@ class Trainer:
         each other (every sampling forward would otherwise gather the parameters: a collective). Costs the whole
         model in memory, in the all-gather dtype, until ``_reshard`` before the next update. A vLLM engine holds its
         own copy: nothing to gather."""
-        if not self.fsdp or self._gathered or hasattr(self.generator, "engine"):
+        if not self.fsdp or self._gathered or self.generator.own_weights:
             return
         if not self._root_ran:  # FSDP initialises its units in the root's first forward: one before any layer
             ids = torch.full((1, 2), self.pad_id, device=self.accelerator.device)  # runs alone in a rollout
@@ -464,7 +467,7 @@ class Trainer:
         """Release the generator (a vLLM engine's processes and GPU memory; nothing for the HF backend). The trainer
         can still be saved and its model read; with vLLM it cannot sample again (one-line EngineStopped). ``with
         Trainer(...) as t:`` closes on exit."""
-        close_generator(self.generator)
+        self.generator.close()
 
     def __enter__(self) -> Trainer:
         return self
@@ -550,7 +553,7 @@ class Trainer:
         # 5. loss and optimizer step(s)
         t_update = time.perf_counter()
         if cfg.model.vllm_sleep:  # the engine's KV cache and weights freed for the update's memory
-            sleep_generator(self.generator)
+            cast(SleepingGenerator, self.generator).sleep()
         metrics.update(self._update_on_every_rank(batch, adv))
         # 5b. publish the new weights to the sampler (vLLM: copied in memory, prefix cache dropped; HF: nothing)
         metrics.update(self._publish_weights())
@@ -611,10 +614,10 @@ class Trainer:
         figures: dict[str, float] = {}
         t_sync = time.perf_counter()
         if self.cfg.model.vllm_sleep:
-            wake_generator(self.generator)
-        self.generator.sync_weights(self.model)
+            cast(SleepingGenerator, self.generator).wake()
+        self.generator.sync_weights(self.model, self.step + 1)  # the policy after this step's update
         figures["time/sync_weights_s"] = time.perf_counter() - t_sync
-        if transport := getattr(self.generator, "last_sync_transport", ""):
+        if transport := self.generator.last_sync_transport:
             figures[f"sync/{transport}"] = 1.0  # which way the weights went (vLLM's auto: cuda_ipc or shm)
         device = self.accelerator.device
         if device.type == "cuda":  # the trainer's own peak (a vLLM engine's memory is its process's, not in this)
@@ -805,7 +808,7 @@ class Trainer:
                 self._evaluating = False
             if self.predict_output.on and self._held_out_scoring(label):  # how well the policy predicts the REPL
                 with self.accelerator.autocast():                            # on problems it never saw
-                    figures[label].update(score_episodes(self.model, episodes, self.tokenizer, self.pad_id,
+                    figures[label].update(score_episodes(TokenScorer(self.model), episodes, self.pad_id,
                                                          self.cfg.optim.micro_batch, self.accelerator.device))
             # episodes first: a logged figure row means its episodes are all on disk (what a resume relies on)
             self.metrics.samples(self.step, episodes, file="eval_samples.jsonl", extra={"eval": label})

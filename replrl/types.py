@@ -66,6 +66,17 @@ class Line:
     """Reward terms by name (already weighted), e.g. {"syntax_error": -0.3}."""
     token_span: tuple[int, int] = (0, 0)
     """[start, end) of this line's model-sampled tokens in Trajectory.token_ids."""
+    output_span: tuple[int, int] = (0, 0)
+    """[start, end) in Trajectory.token_ids of the tokens of what the interpreter printed after this line, recorded
+    at the splice (a token that starts in the printed text and runs on into the next prompt counts; the prompt and a
+    truncation marker do not): the output-prediction loss and the viewer read it. Empty (start == end) when the line
+    printed nothing or the episode ended at it."""
+    text_span: tuple[int, int] = (0, 0)
+    """[start, end) in Trajectory.text of this line's sampled text (``token_span``'s characters)."""
+    output_text_span: tuple[int, int] = (0, 0)
+    """[start, end) in Trajectory.text of what the interpreter printed after this line, as spliced (a long output's
+    kept part). Both character spans are (0, 0) where the tokenizer's decoding of the pieces is not the transcript's
+    (a decoder that is not additive) or the episode was recorded without them."""
     prompt: str = ">>> "
     """The prompt shown before this line (">>> " or "... ")."""
     state: str = ""
@@ -139,5 +150,6 @@ class Trajectory:
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         d = dict(d)
         d.pop("reward", None)
-        lines = [Line(**{**ln, "token_span": tuple(ln["token_span"])}) for ln in d.pop("lines", [])]
+        spans = ("token_span", "output_span", "text_span", "output_text_span")
+        lines = [Line(**{**ln, **{k: tuple(ln[k]) for k in spans if k in ln}}) for ln in d.pop("lines", [])]
         return cls(lines=lines, **d)

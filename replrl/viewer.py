@@ -31,25 +31,33 @@ BANNER_END = 'Type "help", "copyright", "credits" or "license" for more informat
 right after it, with the first ``>>>``."""
 
 Segment = tuple[str, str, Any]
-"""(kind, text, line): kind is "head" (the prompt before the banner's end), "prompt" (a ``>>>``/``...`` the
-environment printed), "model" (a line's sampled text; ``line`` is its Line) or "env" (what the interpreter printed)."""
+"""(kind, text, line): kind is "head" (the prompt before the banner's end), "prompt" (what the environment wrote
+between lines: a ``>>>``/``...`` prompt, a truncation marker), "model" (a line's sampled text; ``line`` is its Line) or
+"env" (what the interpreter printed)."""
 
 
-def segments(t: Trajectory, tokenizer: Any = None) -> list[Segment] | None:
-    """The transcript cut into what the prompt, the model and the interpreter wrote. With ``tokenizer``, from the
-    token spans (``Line.token_span``; everything else in ``token_ids`` is the environment's): exact. Without, from
-    the lines' own record (the prompt each line was typed at, its code, its output) read along ``t.text`` from the
-    banner on; None where the text does not follow them (an episode recorded otherwise)."""
-    if tokenizer is not None:
-        return _segments_from_tokens(t, tokenizer)
-    return _segments_from_lines(t)
-
-
-def _split_prompt(text: str, prompt: str) -> list[Segment]:
-    """``text`` (the environment's, ending with ``prompt`` where it does) as env then prompt segments."""
-    if prompt and text.endswith(prompt):
-        return [("env", text[:-len(prompt)], None), ("prompt", prompt, None)]
-    return [("env", text, None)]
+def segments(t: Trajectory) -> list[Segment] | None:
+    """The transcript cut into what the prompt, the model and the interpreter wrote, by the character spans each
+    line recorded at the splice (``Line.text_span``, ``Line.output_text_span``): nothing is decoded or searched.
+    None where the episode has no such spans (recorded without them, or by a tokenizer whose decoding is not
+    additive: see ``Line.text_span``)."""
+    text, lines = t.text, t.lines
+    if not lines or any(ln.text_span == (0, 0) for ln in lines):
+        return None
+    out = _head(text[:lines[0].text_span[0]])
+    cursor = lines[0].text_span[0]
+    for k, line in enumerate(lines):
+        start, end = line.text_span
+        if k:  # what the line before printed, then what the environment wrote (a marker, this line's prompt)
+            printed_end = lines[k - 1].output_text_span[1]
+            if not cursor <= printed_end <= start:
+                return None
+            out += [("env", text[cursor:printed_end], None), ("prompt", text[printed_end:start], None)]
+        out.append(("model", text[start:end], line))
+        cursor = end
+    if cursor < len(text):
+        out.append(("env", text[cursor:], None))
+    return out
 
 
 def _head(text: str) -> list[Segment]:
@@ -57,66 +65,6 @@ def _head(text: str) -> list[Segment]:
     end = text.rfind(BANNER_END)
     cut = end + len(BANNER_END) if end >= 0 else len(text)
     return [("head", text[:cut], None), ("prompt", text[cut:], None)]
-
-
-def _heal(prompt: str) -> str:
-    """``rollout.transcript.heal`` (the prompt as the environment emits it), here without importing the rollout."""
-    return prompt[:-1] if prompt.endswith(" ") else prompt
-
-
-def _decode(tokenizer: Any, ids: list[int]) -> str:
-    """``rollout.transcript.decode``: the text of ``ids`` as sampled."""
-    return tokenizer.decode(ids, clean_up_tokenization_spaces=False)
-
-
-def _segments_from_tokens(t: Trajectory, tokenizer: Any) -> list[Segment]:
-    ids, cursor = t.token_ids, t.prompt_len
-    out = _head(_decode(tokenizer, ids[:t.prompt_len]))
-    for k, line in enumerate(t.lines):
-        start, end = line.token_span
-        if k:  # the interpreter's answer to the line before, and this line's prompt
-            out += _split_prompt(_decode(tokenizer, ids[cursor:start]), _heal(line.prompt))
-        out.append(("model", _decode(tokenizer, ids[start:end]), line))
-        cursor = end
-    if cursor < len(ids):
-        out.append(("env", _decode(tokenizer, ids[cursor:]), None))
-    return out
-
-
-def _segments_from_lines(t: Trajectory) -> list[Segment] | None:
-    text, lines = t.text, t.lines
-    banner = text.find(BANNER_END)
-    if banner < 0:
-        return None
-    pos = banner + len(BANNER_END)
-    out: list[Segment] = [("head", text[:pos], None)]
-    for k, line in enumerate(lines):
-        prompt = _heal(line.prompt)
-        if not text.startswith(prompt, pos):
-            return None
-        out.append(("prompt", prompt, None))
-        pos += len(prompt)
-        if k == len(lines) - 1:  # the episode ended at its last line: no interpreter tokens after it
-            out.append(("model", text[pos:], line))
-            return out
-        model = next((m for m in (" " + line.code + "\n", line.code + "\n") if text.startswith(m, pos)), None)
-        if model is None:
-            return None
-        out.append(("model", model, line))
-        pos += len(model)
-        nxt = _heal(lines[k + 1].prompt)
-        if text.startswith(line.output + nxt, pos):  # what the line printed, as recorded
-            end = pos + len(line.output)
-        else:  # cut to the output limit: up to the next line's prompt and text
-            starts = [text.find(nxt + m, pos) for m in (" " + lines[k + 1].code, lines[k + 1].code)]
-            end = min((s for s in starts if s >= 0), default=-1)
-            if end < 0:
-                return None
-        out.append(("env", text[pos:end], None))
-        pos = end
-    if pos < len(text):
-        out.append(("env", text[pos:], None))
-    return out
 
 
 def _badge(line: Any) -> str:
@@ -131,10 +79,9 @@ def _badge(line: Any) -> str:
             f'[{what}{"; " if what and terms else ""}{terms}]</span>')
 
 
-def trajectory_html(t: Trajectory, show_prompt: bool = False, tokenizer: Any = None) -> str:
-    """The episode's transcript as HTML (the prompt collapsed unless ``show_prompt``), cut by ``segments``
-    (``tokenizer``: from the token spans)."""
-    parts = segments(t, tokenizer)
+def trajectory_html(t: Trajectory, show_prompt: bool = False) -> str:
+    """The episode's transcript as HTML (the prompt collapsed unless ``show_prompt``), cut by ``segments``."""
+    parts = segments(t)
     if parts is None:
         return _searched_html(t, show_prompt)
     pieces = []
@@ -162,8 +109,8 @@ def _framed(t: Trajectory, pieces: list[str]) -> str:
 
 
 def _searched_html(t: Trajectory, show_prompt: bool = False) -> str:
-    """The transcript of an episode whose text does not follow its lines' record (see ``segments``): each line
-    placed where its code is next found in the text."""
+    """The transcript of an episode without character spans (see ``segments``): each line placed where its code is
+    next found in the text."""
     pieces, cursor = [], 0
     for line in t.lines:
         unended = line is t.lines[-1] and t.end_reason in ("eos", "overlong_line")  # no newline was sampled
@@ -203,18 +150,17 @@ def save_jsonl(trajs: Iterable[Trajectory], path: str | Path) -> Path:
     return path
 
 
-def many_html(trajs: Iterable[Trajectory], show_prompt: bool = False, tokenizer: Any = None) -> str:
-    return "<br>".join(trajectory_html(t, show_prompt, tokenizer) for t in trajs)
+def many_html(trajs: Iterable[Trajectory], show_prompt: bool = False) -> str:
+    return "<br>".join(trajectory_html(t, show_prompt) for t in trajs)
 
 
-def show(trajs: Trajectory | Iterable[Trajectory], limit: int = 8, show_prompt: bool = False,
-         tokenizer: Any = None) -> Any:
-    """The first ``limit`` transcripts as one HTML object: the last expression of a notebook cell renders it.
-    ``tokenizer`` (the policy's): cut each transcript by its token spans (see ``segments``)."""
+def show(trajs: Trajectory | Iterable[Trajectory], limit: int = 8, show_prompt: bool = False) -> Any:
+    """The first ``limit`` transcripts as one HTML object: the last expression of a notebook cell renders it (each
+    cut by its lines' recorded spans, see ``segments``)."""
     from IPython.display import HTML
 
     trajs = [trajs] if isinstance(trajs, Trajectory) else list(trajs)
-    return HTML(many_html(trajs[:limit], show_prompt, tokenizer))
+    return HTML(many_html(trajs[:limit], show_prompt))
 
 
 class LiveCurve:

@@ -8,26 +8,24 @@ from pathlib import Path
 
 import pytest
 
-import replrl.backends
 import replrl.evaluation
-import replrl.trainer
 from replrl import api
+from replrl.backends.hf import HFGenerator
 from replrl.trainer import Trainer
 from tests.test_trainer import toy_config
 
 
 @pytest.fixture
 def closed(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """The generators passed to close_generator (the real one still runs)."""
+    """The generators whose ``close`` was called (the real one still runs)."""
     seen: list[object] = []
-    real = replrl.backends.close_generator
+    real = HFGenerator.close
 
-    def spy(generator: object) -> None:
+    def spy(generator: HFGenerator) -> None:
         seen.append(generator)
         real(generator)
 
-    monkeypatch.setattr(replrl.backends, "close_generator", spy)
-    monkeypatch.setattr(replrl.trainer, "close_generator", spy)
+    monkeypatch.setattr(HFGenerator, "close", spy)
     return seen
 
 

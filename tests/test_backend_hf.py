@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from replrl.backends import close_generator
-from replrl.backends.base import Generator, GenSession
+from replrl.backends.base import ForkableSession, Generator, GenSession, SleepingGenerator
 from replrl.backends.hf import HFGenerator, _Batch, cache_argument
 from replrl.contract import (
     TokenMasks,
@@ -530,17 +529,29 @@ def test_load_generator_by_name(tok):
         assert "\n" not in str(info.value)
 
 
-def test_commands_close_what_a_generator_holds(tok):
-    """close_generator (what replrl train, eval and rollout call when done) closes a backend that holds something
-    (vLLM's engine), once per call, and is a no-op for one that holds nothing (HF samples from the model itself)."""
-    close_generator(HFGenerator(tiny_model(tok), tok))  # no close method: nothing to release
+def test_the_hf_generator_is_the_generator_protocol_and_closes_its_worker_thread(tok):
+    """HFGenerator and its sessions implement ``Generator`` and ``GenSession`` (what the rollout and the Trainer
+    read of a backend, nothing else), and ForkableSession; ``sync_weights`` sets the policy version (given, or the
+    next one); ``close`` (what replrl train, eval and rollout call when done) stops the worker thread, and a later
+    session starts a new one."""
+    model = tiny_model(tok)
+    gen = HFGenerator(model, tok)
+    assert isinstance(gen, Generator) and not isinstance(gen, SleepingGenerator)
+    assert gen.version == 0 and not gen.own_weights and gen.last_sync_transport == ""
+    gen.sync_weights(model)
+    gen.sync_weights(model, 7)
+    assert gen.version == 7
+    gen.sync_weights(model)
+    assert gen.version == 8
+    session = gen.session([[1, 2, 3]], SamplingParams(seed=0, max_line_tokens=4))
+    assert isinstance(session, GenSession) and isinstance(session, ForkableSession)
 
-    class Holding:
-        closed = 0
+    async def one_line() -> None:
+        await session.next_line(0, [])
+        await session.aclose()
 
-        def close(self) -> None:
-            self.closed += 1
-
-    held = Holding()
-    close_generator(held)
-    assert held.closed == 1
+    asyncio.run(one_line())
+    worker = gen.executor
+    gen.close()
+    gen.close()  # twice: nothing left to release
+    assert worker._shutdown and gen.executor is not worker

@@ -605,5 +605,5 @@ def test_predict_output_in_a_train_step_on_the_vllm_backend_leaves_the_samples_a
     assert "loss/predict_output" not in plain_row
     for a, b in zip(plain, trajs, strict=True):
         assert (a.token_ids, a.logprobs, a.loss_mask) == (b.token_ids, b.logprobs, b.loss_mask)
-    assert_figures_by_hand(row, trajs, tok, trainer.pad_id, tiny_model(tok, seed=3, head_dim=64))
+    assert_figures_by_hand(row, trajs, trainer.pad_id, tiny_model(tok, seed=3, head_dim=64))
     assert row["grad_norm"] != plain_row["grad_norm"], "the term adds to the gradient"

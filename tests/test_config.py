@@ -60,8 +60,11 @@ def test_saved_config_round_trips(tmp_path):
      "model.sync_transport must be one of auto, cuda_ipc, shm, rpc; got 'nccl'"),
 ])
 def test_bad_values_are_one_line_errors(overrides, message):
+    from replrl.rewards import RewardModel
+
     with pytest.raises(ConfigError if "reward term" not in message else ValueError) as err:
-        resolve(Config, None, overrides)
+        cfg = resolve(Config, None, overrides)
+        RewardModel.from_config(cfg.rewards)  # a term's name is looked up when a run starts: config.py is a leaf
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

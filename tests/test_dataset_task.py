@@ -11,8 +11,7 @@ import pytest
 
 from replrl.config import Config
 from replrl.configlib import ConfigError, resolve
-from replrl.evaluation import task_from_config
-from replrl.tasks import GSM8K_HEADER, DatasetTask, GSM8KTask, TaskError, load_task
+from replrl.tasks import GSM8K_HEADER, DatasetTask, GSM8KTask, TaskError, load_task, task_from_config
 from replrl.tasks.checkers import exact, make_checker, number_set, numbers
 from tests.helpers_models import GSM8K_DIR
 
@@ -173,10 +172,11 @@ def test_the_dataset_task_from_config_fields(tmp_path):
     assert task.header(task.rows(cfg.task.eval_split)[0]).startswith("Go.")
     assert isinstance(load_task("dataset", data=str(path), columns={"question": "problem", "answer": "solution"}),
                       DatasetTask)
-    for fields, message in [({"checker": "fuzzy"}, "task.checker must be one of exact, number, numbers, math"),
-                            ({"columns": {"q": "x"}}, "task.columns: 'q' is not one of question, answer, data")]:
-        with pytest.raises(ConfigError, match=message):
-            resolve(Config, None, {"task": fields})
+    with pytest.raises(ConfigError, match="task.columns: 'q' is not one of question, answer, data"):
+        resolve(Config, None, {"task": {"columns": {"q": "x"}}})
+    fuzzy = resolve(Config, None, {"task": {"name": "dataset", "data": str(path), "checker": "fuzzy"}})
+    with pytest.raises(TaskError, match="task.checker must be one of exact, number, numbers, math"):
+        task_from_config(fuzzy)  # a checker's name is looked up where the task is made (config.py is a leaf)
 
 
 # -- a bad row in a user's file is one line naming the file, the line and what is wrong (issue 64) -------------------

@@ -18,6 +18,7 @@ from replrl.configlib import ConfigError, resolve
 from replrl.draw import ProblemStream
 from replrl.dynamic_sampling import (
     WaveRecord,
+    check_signal,
     group_has_contrast,
     has_contrast,
     screening_wave,
@@ -116,8 +117,9 @@ def test_screening_figures():
 def test_config_checks():
     with pytest.raises(ConfigError, match="dynamic_sampling_extra_waves"):
         resolve(Config, None, {"rollout": {"dynamic_sampling_extra_waves": -1}})
-    with pytest.raises(ConfigError, match="dynamic_sampling_signal"):
-        resolve(Config, None, {"rollout": {"dynamic_sampling_signal": "accuracy"}})
+    with pytest.raises(ConfigError, match="dynamic_sampling_signal"):  # looked up when a run starts (the Trainer)
+        check_signal(resolve(Config, None, {"rollout": {"dynamic_sampling_signal": "accuracy"}}).rollout
+                     .dynamic_sampling_signal)
     assert Config().rollout.dynamic_sampling is False              # off by default: old configs mean what they meant
     assert Config().rollout.dynamic_sampling_probe == 0
     for probe, match in ((1, "compares with nothing"), (8, "between 2 and group_size - 1")):

@@ -137,8 +137,11 @@ def test_open_env_composes_an_env_from_the_config_and_closes_only_what_it_opened
     """``open_env(cfg)``: the generator through ``open_generator`` (the one door), the task, a started pool, the
     rules, the reward weights of ``step``, the chat template's options; on exit the pool and the generator it made
     are closed, and parts the caller passed in are left open."""
+    from replrl.backends import Generator
     from replrl.config import Config
     from replrl.rollout import EpisodeRules, open_env
+    from replrl.tasks import Task
+    from sandbox.protocols import Pool
 
     cfg = Config()
     cfg.model.name, cfg.model.chat_template_kwargs = "tiny", {"enable_thinking": False}
@@ -148,6 +151,8 @@ def test_open_env_composes_an_env_from_the_config_and_closes_only_what_it_opened
         assert env.pool.size == 1 and env.rules == EpisodeRules.from_config(cfg.rollout) and env.rules.max_repeats == 2
         assert env.task.name == "arithmetic" and env.chat_template_kwargs == {"enable_thinking": False}
         assert env.rewards.step == 3
+        # its parts are the protocols the episode reads (backends.base, sandbox.protocols, tasks.base)
+        assert isinstance(env.generator, Generator) and isinstance(env.pool, Pool) and isinstance(env.task, Task)
         pool, generator = env.pool, env.generator
     assert pool._closed
 
@@ -170,8 +175,16 @@ class ScriptedGenerator:
     """A generator whose session rows 'sample' the lines of their problem's script (``tests.scripted.SCRIPTS``), as
     the tokenizer encodes them: the Env, the kernels and the splice are the real ones, no model is needed."""
 
+    pad_id, version, own_weights, last_sync_transport = 0, 0, False, ""
+
     def __init__(self, tokenizer: Any, scripts: list[list[str]]):
         self.tokenizer, self.scripts = tokenizer, scripts
+
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def session(self, prompts: list[list[int]], sampling: Any) -> Any:
         from replrl.rollout import encode, line_text
@@ -182,6 +195,9 @@ class ScriptedGenerator:
                  for i in range(len(prompts))]
 
         class Session:
+            stats: dict[str, float] = {}
+            timing: dict[str, float] = {}
+
             async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
                 ids = lines[i].pop(0)
                 return LineSample(token_ids=ids, logprobs=[0.0] * len(ids), finish="newline")

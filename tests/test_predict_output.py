@@ -249,12 +249,12 @@ def test_every_micro_batch_with_output_tokens_runs_its_backward(format_model_dir
     assert stats["backward_skipped_frac"] == 0.75 and stats["grad_norm"] > 0
 
 
-def assert_figures_by_hand(row: dict, trajs: list, tokenizer, pad_id: int, initial: torch.nn.Module) -> None:
+def assert_figures_by_hand(row: dict, trajs: list, pad_id: int, initial: torch.nn.Module) -> None:
     """A step's logged term, accuracy and token count are ``initial``'s (the policy before the step) over the
     step's output mask, computed by hand from the full logits; the mask covers output tokens and never a sampled one
     (also used by tests/test_backend_vllm.py)."""
     b = batch_tensors(trajs, pad_id)
-    out = output_mask(trajs, tokenizer, b["input_ids"].shape[1])                                   # [B, T]
+    out = output_mask(trajs, b["input_ids"].shape[1])                                              # [B, T]
     on = out[:, 1:] > 0
     assert on.sum() > 0 and not (out * b["loss_mask"]).any()
     with torch.no_grad():
@@ -306,7 +306,7 @@ def test_a_step_with_the_tree_or_state_estimator_learns_the_output_by_hand(forma
     if estimator == "tree":
         assert row["tree/branch_points"] > 0, "the trees branched: leaves share their first line"
     initial = AutoModelForCausalLM.from_pretrained(format_model_dir).float()
-    assert_figures_by_hand(row, trajs, trainer.tokenizer, trainer.pad_id, initial)
+    assert_figures_by_hand(row, trajs, trainer.pad_id, initial)
     assert row["grad_norm"] > 0
     moved = any(not torch.equal(a, c) for a, c in zip(initial.parameters(), trainer.model.parameters()))
     assert moved
@@ -325,6 +325,9 @@ be cut (the truncation marker), a silent line, the answer."""
 class ScriptedSession:
     """A GenSession that 'samples' the script's lines as the tokenizer encodes them (the splice, the kernel and the
     REPL are the real ones; no model is needed to know which tokens the interpreter wrote)."""
+
+    stats: dict[str, float] = {}
+    timing: dict[str, float] = {}
 
     def __init__(self, tokenizer, lines):
         from replrl.rollout import encode, line_text
@@ -354,12 +357,12 @@ def test_episodes_that_printed_nothing_log_no_output_prediction_figure_only_the_
 
     trainer = Trainer(toy_config(format_model_dir, predict_output_metrics=True), tmp_path, progress=False)
     b = batch_tensors(probe, trainer.pad_id)
-    b["output_mask"] = output_mask(probe, trainer.tokenizer, b["input_ids"].shape[1])
+    b["output_mask"] = output_mask(probe, b["input_ids"].shape[1])
     assert not b["output_mask"].any()
     stats = trainer.update(b, b["loss_mask"] * 0.5)
     assert stats["predict_output/tokens"] == 0 and math.isfinite(stats["loss"])
     assert "loss/predict_output" not in stats and "predict_output/accuracy" not in stats
-    scored = score_episodes(trainer.model, probe, trainer.tokenizer, trainer.pad_id, 4, "cpu")
+    scored = score_episodes(TokenScorer(trainer.model), probe, trainer.pad_id, 4, "cpu")
     assert scored == {"predict_output/tokens": 0.0}
 
 
@@ -392,6 +395,32 @@ def episode():
     return traj, tokenizer
 
 
+def spans_by_decoding(traj, tokenizer) -> list[tuple[int, int]]:
+    """The printed tokens found after the fact by decoding token prefixes (how they were found before the splice
+    recorded them): the environment's tokens after line k are those up to line k + 1's first token, the printed text
+    then the next prompt (with the truncation marker before it when the output was cut, after a newline of the
+    environment's if the cut fell mid-line); the printed part is the tokens that start before the prompt."""
+    from replrl.repl import TRUNCATED_MARKER
+    from replrl.rollout import decode, heal
+
+    spans = []
+    for line, nxt in zip(traj.lines, traj.lines[1:]):
+        start, end = line.token_span[1], nxt.token_span[0]
+        if not line.output or end <= start:
+            continue
+        env = traj.token_ids[start:end]
+        text, tail = decode(tokenizer, env), heal(nxt.prompt)
+        if text != line.output + tail and text.endswith(TRUNCATED_MARKER + tail):
+            tail = TRUNCATED_MARKER + tail
+        printed = len(text) - len(tail) if text.endswith(tail) else len(text)
+        if tail.startswith(TRUNCATED_MARKER) and not line.output.startswith(text[:printed]):
+            printed -= 1
+        n = next((k + 1 for k in range(len(env) - 1, -1, -1) if len(decode(tokenizer, env[:k])) < printed), 0)
+        if n:
+            spans.append((start, start + n))
+    return spans
+
+
 def test_the_mask_covers_exactly_what_the_repl_printed(episode):
     from replrl.repl import TRUNCATED_MARKER
     from replrl.rollout import decode
@@ -401,11 +430,18 @@ def test_the_mask_covers_exactly_what_the_repl_printed(episode):
     printed = [ln.output for ln in traj.lines]
     assert printed[1] == "42\n" and printed[2] == "hi\n43\n" and printed[5] == "0\n1\n"
     assert printed[6].startswith("Traceback") and "ZeroDivisionError" in printed[6]
-    mask = output_mask([traj], tokenizer)[0]                                          # [T]
+    mask = output_mask([traj])[0]                                                     # [T]
     assert not (mask * torch.tensor(traj.loss_mask, dtype=torch.float)).any()
     assert not mask[:traj.prompt_len].any()
-    spans = output_spans(traj, tokenizer)
+    spans = output_spans(traj)
     assert [int(i) for i in mask.nonzero()[:, 0]] == [t for s, e in spans for t in range(s, e)]
+    assert spans == spans_by_decoding(traj, tokenizer)  # recorded at the splice: what decoding would find
+    for k, line in enumerate(traj.lines):  # and their characters in the transcript's text
+        (a, b), (c, d), b_tok = line.text_span, line.output_text_span, line.token_span[1]
+        assert traj.text[a:b] == decode(tokenizer, traj.token_ids[slice(*line.token_span)]) == " " + line.code + "\n"
+        assert b == c and traj.text[c:d] == (line.output if k != 7 else line.output[:d - c]), k
+        assert traj.text[c:d] == decode(tokenizer, traj.token_ids[b_tok:line.output_span[1]])[:d - c], k
+    assert traj.lines[7].output_text_span[1] - traj.lines[7].output_text_span[0] < len(traj.lines[7].output)
     ids = traj.token_ids
     span_of = {next(k for k, ln in enumerate(traj.lines) if ln.token_span[1] == s): (s, e) for s, e in spans}
     # every line that printed has a span, the others none; its tokens are its output, the rest the next prompt

@@ -81,10 +81,10 @@ def test_bad_functions_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"^reward function 'says_yes' must return a float or None; got 'yes'$"):
         RewardModel({}, functions=[says_yes]).score_episodes_sync([traj], [(0, {})])
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="cannot be imported"):
-        resolve(Config, None, {"rewards": {"functions": '["no_such_module:f"]'}})
+    with pytest.raises(ValueError, match="cannot be imported"):  # looked up when a run starts (Trainer, open_env)
+        RewardModel.from_config(resolve(Config, None, {"rewards": {"functions": '["no_such_module:f"]'}}).rewards)
     with pytest.raises(ConfigError, match="must be an import path module:function"):
-        resolve(Config, None, {"rewards": {"functions": '["brevity"]'}})
+        RewardModel.from_config(resolve(Config, None, {"rewards": {"functions": '["brevity"]'}}).rewards)
 
 
 def test_functions_by_import_path_from_the_working_directory(tmp_path, monkeypatch):

@@ -106,8 +106,8 @@ def test_ro_paths_are_readable_not_writable(canary_dir):
 def test_the_training_dataset_cannot_be_read_from_an_episode(canary_dir):
     """End to end: the config a `replrl train --task.data FILE` run builds, its task, its pool, an episode's REPL."""
     from replrl.config import Config, TaskConfig
-    from replrl.evaluation import task_from_config
     from replrl.repl import ReplSession
+    from replrl.tasks import task_from_config
     from sandbox import run_sync
 
     data = str(canary_dir / "train.jsonl")

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from replrl.backends import vllm_engine_args
-from replrl.backends.vllm_check import VLLM_OWNED_ARGS
-from replrl.config import Config, ModelConfig
+from replrl.config import VLLM_OWNED_ARGS, Config, ModelConfig
 from replrl.configlib import ConfigError, load_file, resolve, to_toml
 from replrl.loss import TokenScorer
 from replrl.policy import (

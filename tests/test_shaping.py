@@ -120,7 +120,7 @@ def test_score_line_uses_the_weight_of_the_step():
 ])
 def test_bad_schedules_and_gates_are_one_line_config_errors(weights, gates, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        resolve(Config, None, {"rewards": {"weights": weights, "gates": gates}})
+        RewardModel.from_config(resolve(Config, None, {"rewards": {"weights": weights, "gates": gates}}).rewards)
     assert "\n" not in str(err.value)
 
 

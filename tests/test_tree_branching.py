@@ -73,8 +73,15 @@ class Recorded:
         kind = _Forkable if self.forks else _Session
         return kind(self, self.inner.session(prompts, sampling), self.sessions - 1)
 
-    def sync_weights(self, model: Any) -> None:
-        self.inner.sync_weights(model)
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
+        self.inner.sync_weights(model, version)
+
+    version = property(lambda self: self.inner.version)
+    own_weights = False
+    last_sync_transport = ""
+
+    def close(self) -> None:
+        self.inner.close()
 
     def first_ask(self, session: int, row: int, k: int = 0) -> float:
         """When row ``row`` of session ``session`` asked for its (k+1)-th line."""
@@ -89,9 +96,14 @@ class _Session:
     def stats(self) -> dict[str, float]:
         return self.inner.stats
 
+    timing: dict[str, float] = {}
+
     async def next_line(self, i: int, env_ids: list[int]) -> Any:
         self.rec.asks.append((time.perf_counter(), self.number, i))
         return await self.inner.next_line(i, env_ids)
+
+    async def rollback(self, i: int, length: int) -> None:
+        await self.inner.rollback(i, length)
 
     def finish(self, i: int) -> None:
         self.inner.finish(i)
@@ -128,12 +140,22 @@ def grow(branch_model, pool, scripts: list[str], shape: TreeShape, fork: bool = 
 
 
 def assert_token_exact(branch_model, leaves: list[Trajectory]) -> None:
-    """decode(ids) == text, loss on the sampled tokens only, log-probs those of a plain forward pass, and leaves
-    under one branch point identical up to it."""
+    """decode(ids) == text, loss on the sampled tokens only, log-probs those of a plain forward pass, the spans the
+    splice recorded carried through copies and cuts (the text cut by them, the printed tokens decoding would find),
+    and leaves under one branch point identical up to it."""
+    from replrl.predict_output import output_spans
+    from replrl.viewer import segments
+    from tests.test_predict_output import spans_by_decoding
+
     model, tokenizer = branch_model
     banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0])
     for t in leaves:
         assert decode(tokenizer, t.token_ids) == t.text
+        parts = segments(t)
+        assert parts is not None and "".join(text for _, text, _ in parts) == t.text
+        assert [text for kind, text, _ in parts if kind == "model"] == [
+            decode(tokenizer, t.token_ids[slice(*ln.token_span)]) for ln in t.lines]
+        assert output_spans(t) == spans_by_decoding(t, tokenizer)
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         sampled = {i for line in t.lines for i in range(*line.token_span)}
         assert {i for i, m in enumerate(t.loss_mask) if m} == sampled

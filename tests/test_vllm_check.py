@@ -107,17 +107,17 @@ def test_this_environment_is_read_without_importing_vllm():
 
 
 def test_the_vllm_facts_and_the_config_import_without_torch_or_vllm():
-    """``vllm_check`` (and ``replrl.config``, which checks [model.vllm] tables by its ``check_vllm_table``) load in a
-    fresh interpreter without importing torch or vllm; the contract's names live in ``replrl.contract`` alone (one
-    name for each: ``replrl.backends`` re-exports none of them)."""
+    """``vllm_check`` and ``replrl.config`` (whose ``check_vllm_table`` checks [model.vllm] tables: one home for
+    those facts) load in a fresh interpreter without importing torch or vllm; the contract's names live in
+    ``replrl.contract`` alone (one name for each: ``replrl.backends`` re-exports none of them)."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = ("import sys\n"
-              "from replrl.backends.vllm_check import VLLM_OWNED_ARGS, check_vllm_table\n"
-              "import replrl.config as c\n"
-              "assert not hasattr(c, 'VLLM_OWNED_ARGS') and 'model' in VLLM_OWNED_ARGS\n"
+              "import replrl.backends.vllm_check as v\n"
+              "from replrl.config import VLLM_OWNED_ARGS, check_vllm_table\n"
+              "assert not hasattr(v, 'VLLM_OWNED_ARGS') and 'model' in VLLM_OWNED_ARGS\n"
               "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))\n"
               "import replrl.backends as b\n"
               "from replrl.contract import token_masks\n"

@@ -1,5 +1,7 @@
 """Generation backends behind the Generator protocol (see base.py), picked by name: ``load_generator("vllm", ...)``;
 ``open_generator(cfg.model, model, tokenizer)`` opens the one a config asks for, with all of [model]'s options.
+What a backend must do is base.py's protocols (``Generator``, ``GenSession``; optional: ``ForkableSession``,
+``SleepingGenerator``): callers read nothing else of it.
 
 hf.py is the transformers one (KV cache per row, packed steps, samples from the training module itself); vllm/
 is vLLM's async engine (prefix caching, weights copied in by ``sync_weights``). Backend modules are imported only
@@ -13,8 +15,9 @@ import inspect
 import logging
 from typing import Any
 
-from replrl.backends.base import Generator, GenSession
-from replrl.backends.vllm_check import VLLMInstallError, check_vllm_table
+from replrl.backends.base import ForkableSession, Generator, GenSession, SleepingGenerator
+from replrl.backends.vllm_check import VLLMInstallError
+from replrl.config import check_vllm_table
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +84,8 @@ def open_generator(model_cfg: Any, model: Any, tokenizer: Any, *, device: Any = 
                           engine_args=vllm_engine_args(model_cfg), **opts)
 
 
-def close_generator(generator: Any) -> None:
-    """Release what a generator holds (vLLM: the engine's processes, its config directory, the shared weights; HF:
-    nothing). A command calls it when it is done, so the engine shuts down while the interpreter still runs: left to
-    the interpreter's exit, a CUDA IPC buffer's producer would exit before the engine released it."""
-    close = getattr(generator, "close", None)
-    if callable(close):
-        close()
-
-
-__all__ = ["BACKENDS", "BackendError", "Generator", "GenSession", "backend_class", "close_generator",
-           "load_generator", "open_generator", "sleep_generator", "vllm_engine_args", "wake_generator"]
+__all__ = ["BACKENDS", "BackendError", "ForkableSession", "Generator", "GenSession", "SleepingGenerator",
+           "backend_class", "load_generator", "open_generator", "vllm_engine_args"]
 
 
 def vllm_engine_args(cfg: Any, known: set[str] | None = None) -> dict[str, Any]:
@@ -116,23 +110,3 @@ def vllm_engine_args(cfg: Any, known: set[str] | None = None) -> dict[str, Any]:
     if cfg.vllm_sleep:
         args["enable_sleep_mode"] = True
     return args
-
-
-VLLM_SLEEP_LEVEL = 2
-"""Sleep level used during the update: 2 frees the KV cache and drops the weights (they are copied in after the
-update anyway); 1 would keep a copy of them in host memory."""
-
-
-def sleep_generator(generator: Any) -> None:
-    """vLLM: put the engine to sleep (``VLLM_SLEEP_LEVEL``) so the update can use its GPU memory; other backends:
-    nothing. ``wake_generator`` and then ``sync_weights`` bring it back with the new weights."""
-    engine = getattr(generator, "engine", None)
-    if engine is not None and hasattr(engine, "sleep"):
-        generator._loop.call(engine.sleep(level=VLLM_SLEEP_LEVEL))
-
-
-def wake_generator(generator: Any) -> None:
-    """Undo ``sleep_generator`` (vLLM: reallocate the weights and the KV cache); other backends: nothing."""
-    engine = getattr(generator, "engine", None)
-    if engine is not None and hasattr(engine, "wake_up"):
-        generator._loop.call(engine.wake_up())

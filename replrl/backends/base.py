@@ -1,9 +1,13 @@
-"""The Generator protocol: what the rollout loop needs from a generation backend.
+"""The Generator protocol: everything the rollout wing and the Trainer read of a generation backend, typed here so
+that nothing reads a backend by ``hasattr``: a new backend is one class against these protocols.
 
 A session holds many rows (episodes). Each row alternates: the caller asks for one line (``next_line``), executes
 it, and asks for the next line, passing the tokens the environment inserts (interpreter output, the next prompt).
 Requests for different rows are awaited concurrently; a backend batches whatever rows are waiting, and keeps
 generating for the other rows while one row's line is being executed.
+
+The optional parts are protocols of their own, checked with ``isinstance``: ``ForkableSession`` (a tree rollout
+branches rows in place) and ``SleepingGenerator`` (an engine that frees its GPU memory during the update).
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ class GenSession(Protocol):
         """Release everything the session holds; pending requests fail."""
         ...
 
+    stats: dict[str, float]
+    """The session's counters (steps, tokens fed, seconds in the forward...), added up by the rollout as its
+    ``gen_<name>`` figures (``worker_s``: the generation time); ``max_...`` ones are maxima. May be empty."""
+    timing: dict[str, float]
+    """Per-line timings the backend measures (vLLM: seconds to a line's first token, between lines), added to the
+    rollout's figures as ``gen_<name>`` too. May be empty."""
+
 
 @runtime_checkable
 class ForkableSession(GenSession, Protocol):
@@ -65,18 +76,48 @@ class ForkableSession(GenSession, Protocol):
 
 @runtime_checkable
 class Generator(Protocol):
-    """A backend that opens generation sessions."""
+    """A backend that opens generation sessions, and takes the policy's weights after each update."""
 
     tokenizer: Any
     """A Hugging Face tokenizer: the ids it produces are the ids sessions take and return."""
     pad_id: int
     """Id that pads batches of trajectories (never attended to, never scored)."""
+    version: int
+    """The policy version the sessions sample with: the value the last ``sync_weights`` was given (0: the weights
+    the generator was opened with). Trajectories sampled now are of this version."""
+    own_weights: bool
+    """True: the generator samples from its own copy of the weights (an engine), which ``sync_weights`` fills;
+    False: it samples from the module it was given (the Trainer's own, so FSDP2 gathers it for the rollouts)."""
+    last_sync_transport: str
+    """How the last ``sync_weights`` moved the weights (vLLM: ``cuda_ipc``, ``shm`` or ``rpc``; "": nothing moved)."""
 
     def session(self, prompts: list[list[int]], sampling: SamplingParams) -> GenSession:
         """A session with one row per prompt (token ids, non-empty), all sampled with ``sampling``."""
         ...
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
         """Publish ``model``'s current weights to the sampler (after each optimizer step, between rollouts), and drop
-        anything computed with the old ones (a prefix cache). HF: nothing to do, it samples from ``model`` itself."""
+        anything computed with the old ones (a prefix cache); ``version`` becomes ``self.version`` (None: the next
+        one, ``version + 1``). HF: nothing to copy, it samples from ``model`` itself."""
+        ...
+
+    def close(self) -> None:
+        """Release what the generator holds (vLLM: the engine's processes, its directory, the shared weights; HF: its
+        worker thread). A command calls it when it is done, so an engine shuts down while the interpreter still
+        runs: left to the interpreter's exit, a CUDA IPC buffer's producer would exit before the engine released
+        it."""
+        ...
+
+
+@runtime_checkable
+class SleepingGenerator(Generator, Protocol):
+    """A generator that can free its GPU memory while the update runs (vLLM with ``model.vllm_sleep``): ``sleep``
+    before the update, ``wake`` and then ``sync_weights`` after it."""
+
+    def sleep(self) -> None:
+        """Free the KV cache and the weights (they are copied in again after the update)."""
+        ...
+
+    def wake(self) -> None:
+        """Allocate them again (``sync_weights`` then fills the weights)."""
         ...

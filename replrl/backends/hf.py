@@ -171,6 +171,8 @@ class HFSession:
         tokens sampled, caches released, seconds in the worker step / in model.forward / planning and applying on
         the loop thread / waiting for rows to come back from executing their line; rows forked, the cached tokens
         copied for them (fed to no forward), seconds copying; rollbacks, and the context tokens they dropped."""
+        self.timing: dict[str, float] = {}
+        """No per-line timings: a row's wait is the steps it rides in (``stats``)."""
 
     def _row_generator(self, key: int, restart: int = 0) -> torch.Generator:
         g = torch.Generator(device=self._gen.device)
@@ -461,6 +463,13 @@ class HFGenerator:
         self.join_wait_frac, self.join_wait_max_s = join_wait_frac, join_wait_max_s
         self.num_threads = num_threads
         self._executor: ThreadPoolExecutor | None = None
+        self.version = 0
+        """The policy version sessions sample with (``sync_weights``'s)."""
+
+    own_weights = False
+    """Sessions sample from the module itself: no copy of the weights to fill."""
+    last_sync_transport = ""
+    """Nothing moves in a sync."""
 
     @classmethod
     def from_pretrained(
@@ -487,8 +496,15 @@ class HFGenerator:
         self.model.eval()
         return HFSession(self, prompts, sampling)
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
         """Nothing to copy: sessions sample from the module itself, and its cache lives only as long as a session.
         A different module than the one given at construction is sampled from from now on."""
         if model is not self.model:
             self.model = model.to(self.device)
+        self.version = self.version + 1 if version is None else int(version)
+
+    def close(self) -> None:
+        """Stop the worker thread (a later session starts a new one)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None

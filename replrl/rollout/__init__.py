@@ -29,12 +29,13 @@ from .stats import (
     summarize,
     used_block,
 )
-from .transcript import build_prompt, code_of, decode, encode, env_token_ids, heal, line_text
+from .transcript import EnvSplice, build_prompt, code_of, decode, encode, env_splice, env_token_ids, heal, line_text
 from .tree import TreeShape, branch_line, children_per_node, stream_key, tree_rollout
 
 __all__ = [
-    "SLOW_DIGEST_MS", "SUBMIT", "TREE_RATIOS", "Env", "Episode", "EpisodeRules", "RolloutStats", "TreeShape",
-    "branch_line", "build_prompt", "children_per_node", "code_of", "decode", "encode", "env_token_ids",
+    "SLOW_DIGEST_MS", "SUBMIT", "TREE_RATIOS", "Env", "EnvSplice", "Episode", "EpisodeRules", "RolloutStats",
+    "TreeShape", "branch_line", "build_prompt", "children_per_node", "code_of", "decode", "encode", "env_splice",
+    "env_token_ids",
     "finish_episode", "flat_rollout", "heal", "line_text", "line_timing", "merge_tree_figures", "merge_wave_stats",
     "open_env", "play", "rollout", "rollout_in_waves", "run_episode", "run_setup", "speculation_stats",
     "split_by_group", "state_stats", "stream_key", "summarize", "tree_rollout", "used_block",

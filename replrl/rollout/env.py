@@ -11,19 +11,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sandbox import run_sync
 from sandbox.protocols import Pool
 
-
-def _rollout_default(name: str) -> Any:
-    """A field whose default is ``RolloutConfig``'s (config.py: the one home of defaults), read when the object is
-    made (config.py is imported then, not when this module is: it sits below config in the import order)."""
-
-    def default() -> Any:
-        from ..config import RolloutConfig
-
-        return getattr(RolloutConfig, name)
-
-    return field(default_factory=default)
+from ..backends import open_generator
+from ..backends.base import Generator
+from ..config import RolloutConfig
+from ..rewards import RewardModel
+from ..tasks.base import Task, task_from_config
 
 
 @dataclass(frozen=True)
@@ -41,9 +36,9 @@ class EpisodeRules:
     speculate: bool = False
     """Sample a line's successor while the line runs, when it is predicted to print nothing (see
     ``episode.py``'s docstring; flat rollouts only, a tree rollout plays without)."""
-    max_lines: int = _rollout_default("max_lines")
+    max_lines: int = RolloutConfig.max_lines
     """Lines (executed statements, block lines included) per episode: end reason ``max_lines``."""
-    max_total_tokens: int = _rollout_default("max_total_tokens")
+    max_total_tokens: int = RolloutConfig.max_total_tokens
     """Prompt plus everything generated and spliced: end reason ``max_tokens``."""
 
     def __post_init__(self) -> None:
@@ -51,9 +46,9 @@ class EpisodeRules:
             raise ValueError("episode rules: max_lines >= 1, max_total_tokens >= 16")
 
     @classmethod
-    def from_config(cls, rollout_cfg: Any) -> EpisodeRules:
+    def from_config(cls, rollout_cfg: RolloutConfig) -> EpisodeRules:
         return cls(max_output_tokens=rollout_cfg.max_output_tokens, max_repeats=rollout_cfg.max_repeats,
-                   state_digest=rollout_cfg.state_digest, speculate=getattr(rollout_cfg, "speculate", False),
+                   state_digest=rollout_cfg.state_digest, speculate=rollout_cfg.speculate,
                    max_lines=rollout_cfg.max_lines, max_total_tokens=rollout_cfg.max_total_tokens)
 
 
@@ -63,14 +58,17 @@ class Env:
     the reward model and whether the prompt goes through the chat template. Whoever built its parts closes them
     (the Trainer its generator and pool)."""
 
-    generator: Any
-    """The ``Generator`` (``replrl.backends``) episodes sample their lines from."""
+    generator: Generator
+    """The ``Generator`` (``replrl.backends.base``) episodes sample their lines from: any backend that implements the
+    protocol (hf, vllm, a test's scripted one)."""
     pool: Pool
-    """The started ``KernelPool`` (with the task's tools) episodes execute their lines in."""
-    task: Any
-    """The ``Task``: a problem's header, its setup, its answer check."""
+    """The started kernel pool (``sandbox.protocols.Pool``, with the task's tools) episodes execute their lines in:
+    ``KernelPool`` (kernels in this process) or ``HostedPool`` (kernel-host processes); the episode reads only the
+    protocol."""
+    task: Task
+    """The ``Task`` (``replrl.tasks.base``): a problem's header, its setup, its answer check."""
     rules: EpisodeRules
-    rewards: Any
+    rewards: RewardModel
     """The ``RewardModel`` (with the weights of the step it is used at: ``at``)."""
     chat_template: bool = True
     """Whether the task's header is a user turn of the tokenizer's chat template (``model.chat_template``)."""
@@ -87,8 +85,8 @@ class Env:
 
 
 @contextlib.contextmanager
-def open_env(cfg: Any, *, pool_size: int, generator: Any = None, task: Any = None, rewards: Any = None,
-             step: int = 0) -> Iterator[Env]:
+def open_env(cfg: Any, *, pool_size: int, generator: Generator | None = None, task: Task | None = None,
+             rewards: RewardModel | None = None, step: int = 0) -> Iterator[Env]:
     """``with open_env(cfg, pool_size=8) as env:`` an Env composed from a ``Config``, for every door that rolls out
     outside the Trainer (``replrl.evaluate``, ``sample_episodes``, ``replrl eval``/``rollout``, the bench scripts): a
     started kernel pool of ``pool_size`` kernels (``cfg.rollout.kernel_pool``: its limits, ``kernel_refill`` and
@@ -99,22 +97,17 @@ def open_env(cfg: Any, *, pool_size: int, generator: Any = None, task: Any = Non
     as they are and left open; None: opened here from the config (the policy by ``policy.load_policy`` and
     ``backends.open_generator``, the task by ``task_from_config``). On exit, what was opened here is closed: the
     pool, and a generator made here (a vLLM engine holds processes and GPU memory)."""
-    from sandbox import run_sync
-
-    from ..backends import close_generator, open_generator
-    from ..evaluation import task_from_config
-    from ..rewards import RewardModel
-
     with contextlib.ExitStack() as opened:
+        # the reward model first: a term or function that does not resolve is one line before any model is loaded
+        rewards = RewardModel.from_config(cfg.rewards).at(step) if rewards is None else rewards
         if generator is None:
             from ..policy import load_policy
 
             policy, tokenizer = load_policy(cfg.model, seed=cfg.run.seed)
             generator = open_generator(cfg.model, policy, tokenizer)
-            opened.callback(close_generator, generator)
+            opened.callback(generator.close)
         task = task_from_config(cfg) if task is None else task
         pool = run_sync(cfg.rollout.kernel_pool(pool_size, task.tools).start())
         opened.callback(lambda: run_sync(pool.close()))
-        rewards = RewardModel.from_config(cfg.rewards).at(step) if rewards is None else rewards
         yield Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout), rewards,
                   chat_template=cfg.model.chat_template, chat_template_kwargs=cfg.model.chat_template_kwargs)

@@ -21,13 +21,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sandbox.protocols import PoolKernel
+
 from ..answers import checkable
 from ..backends.base import GenSession
 from ..repl import ReplSession, ReplStep
 from ..tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from ..types import Line, LineSample, SamplingParams, Trajectory
 from .env import Env
-from .transcript import code_of, decode, env_token_ids
+from .transcript import code_of, decode, env_splice, env_token_ids
 
 SUBMIT = "submit"
 
@@ -53,6 +55,12 @@ class Episode:
     """Lines whose successor was sampled while they ran (speculation)."""
     speculation_hits: int = 0
     """Of those, the lines whose successor was kept (the prompt predicted was the interpreter's answer)."""
+    pieces: list[str] = field(default_factory=list)
+    """The text of each piece spliced after the prompt (a line's sampled text, the environment's after it), as the
+    splice had it: the lines' character spans count along them (``Line.text_span``), and ``finish_episode`` checks
+    them against the decoded transcript."""
+    chars: int = 0
+    """Characters of ``pieces`` (where the next piece starts, counted from the end of the prompt)."""
 
     @classmethod
     def start(cls, prompt_ids: list[int], env: Env, sampling: SamplingParams) -> Episode:
@@ -128,12 +136,15 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, spec: _Spec
     start = len(traj.token_ids)
     _append(traj, sample)
     text = decode(tokenizer, sample.token_ids)
-    span = (start, len(traj.token_ids))
+    span, chars = (start, len(traj.token_ids)), (ep.chars, ep.chars + len(text))
+    ep.pieces.append(text)
+    ep.chars += len(text)
     state, state_values = session.start_state()
     if sample.finish == "length":  # cut by the token limit: it never runs
         # recorded even when empty, so every sampled token belongs to exactly one line
         traj.lines.append(Line(code=code_of(text), status="incomplete", token_span=span, prompt=session.prompt,
-                               state=state, state_values=state_values))
+                               state=state, state_values=state_values, output_span=(span[1], span[1]),
+                               text_span=chars, output_text_span=(chars[1], chars[1])))
         traj.end_reason = "overlong_line"
         return None
     at_eof = sample.finish == "eos"  # end of input: the pending line (or block) runs, as in `python -i`
@@ -154,7 +165,8 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, spec: _Spec
     ep.executed += result is not None
     line = Line(code=code, output=step.output, status=step.status, token_span=span, prompt=step.prompt,
                 error_name=result.error_name if result else None, state=state, state_values=state_values,
-                digest_ms=result.state.ms if result is not None and result.state is not None else 0.0)
+                digest_ms=result.state.ms if result is not None and result.state is not None else 0.0,
+                output_span=(span[1], span[1]), text_span=chars, output_text_span=(chars[1], chars[1]))
     line.rewards = rewards.score_line(line, traj)
     ep.repeats = ep.repeats + 1 if traj.lines and traj.lines[-1].code == code and code.strip() else 0
     traj.lines.append(line)
@@ -177,7 +189,8 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, spec: _Spec
         traj.end_reason = "max_lines"
     env_ids: list[int] = []
     if not traj.end_reason:
-        env_ids = env_token_ids(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
+        splice = env_splice(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
+        env_ids = splice.ids
         if len(traj.token_ids) + len(env_ids) + 1 >= rules.max_total_tokens:
             traj.end_reason = "max_tokens"
     if spec is not None:
@@ -188,6 +201,11 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, spec: _Spec
             ep.speculation_hits += 1
     if traj.end_reason:
         return None
+    # what the interpreter printed: its tokens and characters, known here (DESIGN.md invariant 1: appended as is)
+    line.output_span = (span[1], span[1] + splice.printed_tokens)
+    line.output_text_span = (chars[1], chars[1] + splice.printed_chars)
+    ep.pieces.append(splice.text)
+    ep.chars += len(splice.text)
     traj.token_ids += env_ids
     traj.loss_mask += [0] * len(env_ids)
     traj.logprobs += [0.0] * len(env_ids)
@@ -236,13 +254,28 @@ def finish_episode(ep: Episode, env: Env, row: dict) -> Trajectory:
         traj.correct = checkable(traj.answer) and bool(task.check(row, traj.answer))  # {"rejected": ...} is wrong
     rewards.finish(traj, bool(ep.submitted))  # end-of-episode terms, gates, the outcome terms
     traj.text = decode(env.tokenizer, traj.token_ids)
+    _place_text_spans(traj, ep)
     traj.timing.update(generation_wait_s=ep.gen_s, execution_s=ep.exec_s)
     if ep.speculated:
         traj.timing.update(speculated_lines=ep.speculated, speculation_hits=ep.speculation_hits)
     return traj
 
 
-async def run_setup(kernel: Any, task: Task, row: dict) -> float:
+def _place_text_spans(traj: Trajectory, ep: Episode) -> None:
+    """The lines' character spans, counted from the end of the prompt at the splice, made positions in
+    ``traj.text``: the decoded transcript ends with the pieces as spliced (a byte-level BPE's decoding is additive
+    at the pieces' edges, which are whole characters: a newline, a prompt). Where it does not (a decoder that drops
+    or merges characters), the character spans are left empty and the viewer finds the lines in the text."""
+    joined = "".join(ep.pieces)
+    base = len(traj.text) - len(joined)
+    placed = base >= 0 and traj.text.endswith(joined)
+    for line in traj.lines:
+        (a, b), (c, d) = line.text_span, line.output_text_span
+        line.text_span, line.output_text_span = ((a + base, b + base), (c + base, d + base)) if placed else \
+            ((0, 0), (0, 0))
+
+
+async def run_setup(kernel: PoolKernel, task: Task, row: dict) -> float:
     """Run the task's per-problem ``setup(row)`` source in ``kernel`` (before the first line; nothing of it enters
     the transcript, its output is discarded) and return its wall time; 0.0 when the task has none. A setup that
     raises, times out or kills the kernel is a TaskError naming the row."""

@@ -76,15 +76,15 @@ async def flat_rollout(env: Env, rows: Sequence[tuple[int, dict]], sampling: Sam
     finally:
         await gen.aclose()
     stats = RolloutStats(wall_s=time.perf_counter() - t0,
-                         generation_s=float(getattr(gen, "stats", {}).get("worker_s", 0.0)),
+                         generation_s=float(gen.stats.get("worker_s", 0.0)),
                          execution_s=sum(t.timing["execution_s"] for t in trajs),
                          model_tokens=sum(sum(t.loss_mask) for t in trajs),
                          env_tokens=sum(len(t.token_ids) - t.prompt_len - sum(t.loss_mask) for t in trajs),
                          extra={"setup_s": sum(t.timing.get("setup_s", 0.0) for t in trajs),
                                 **({k: float(sum(t.timing.get(k, 0) for t in trajs))
                                     for k in ("speculated_lines", "speculation_hits")} if rules.speculate else {}),
-                                **{f"gen_{k}": float(v) for k, v in getattr(gen, "stats", {}).items()},
-                                **{f"gen_{k}": float(v) for k, v in getattr(gen, "timing", {}).items()}})
+                                **{f"gen_{k}": float(v) for k, v in gen.stats.items()},
+                                **{f"gen_{k}": float(v) for k, v in gen.timing.items()}})
     return trajs, stats
 
 

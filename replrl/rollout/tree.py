@@ -40,9 +40,9 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import KernelPool
+from sandbox.protocols import Pool
 
-from ..backends.base import GenSession
+from ..backends.base import ForkableSession, GenSession
 from ..repl import ReplSession
 from ..tasks.base import Task
 from ..types import SamplingParams, Trajectory
@@ -284,7 +284,7 @@ class _Tree:
         their own) and start them; each first gets a kernel and replays the lines it inherited."""
         if not children:
             return
-        fork = getattr(parent.gen, "fork", None) if parent is not None else None
+        fork = parent.gen.fork if parent is not None and isinstance(parent.gen, ForkableSession) else None
         if fork is not None:
             keys = [stream_key(c.group, c.path) for c in children]
             cut_back = len(children[0].ep.traj.token_ids) < len(parent.ep.traj.token_ids)
@@ -330,7 +330,7 @@ class _Tree:
         """Close ``session`` and add its counters to ``gen_stats`` (``max_...`` ones: the largest)."""
         self.sessions.remove(session)
         await session.aclose()
-        for k, v in getattr(session, "stats", {}).items():
+        for k, v in session.stats.items():
             old = self.gen_stats.get(k, 0.0)
             self.gen_stats[k] = max(old, float(v)) if k.startswith("max_") else old + float(v)
 
@@ -381,7 +381,7 @@ class _Tree:
         return trajs, stats
 
 
-async def _acquire(pool: KernelPool, task: Task, node: _Node, replay: bool = False, digest: bool = False) -> Any:
+async def _acquire(pool: Pool, task: Task, node: _Node, replay: bool = False, digest: bool = False) -> Any:
     """Give ``node`` a fresh kernel of the pool (held until its leaf ends) and run the task's setup there; with
     ``replay``, then rebuild its parent's state by replaying the lines its trajectory holds."""
     kernel = await node.kernel_scope.enter_async_context(pool.acquire())
@@ -415,16 +415,18 @@ def _copy(parent: _Node, path: tuple[int, ...], cut: int | None = None) -> _Node
     lines, branch points passed), or its part before line ``cut``; no kernel and no generation row yet."""
     ep = parent.ep
     traj = copy.deepcopy(ep.traj)
-    executed, repeats = ep.executed, ep.repeats
+    executed, repeats, pieces = ep.executed, ep.repeats, ep.pieces
     if cut is not None and cut < len(traj.lines):  # up to the first token of line `cut` (after its prompt)
         end = traj.lines[cut].token_span[0]
         traj.token_ids, traj.loss_mask, traj.logprobs = traj.token_ids[:end], traj.loss_mask[:end], traj.logprobs[:end]
         traj.lines = traj.lines[:cut]
+        pieces = pieces[:2 * cut]  # each line before the cut: its text, then the environment's after it
         executed = sum(ln.status != "incomplete" for ln in traj.lines)  # a buffered line has not run yet
         repeats = 0
         for a, b in zip(traj.lines, traj.lines[1:]):
             repeats = repeats + 1 if a.code == b.code and b.code.strip() else 0
-    child = Episode(traj=traj, env_ids=[], repeats=repeats, submitted=list(ep.submitted), executed=executed)
+    child = Episode(traj=traj, env_ids=[], repeats=repeats, submitted=list(ep.submitted), executed=executed,
+                    pieces=list(pieces), chars=sum(map(len, pieces)))
     child.traj.timing = {}  # its own setup, generation and execution times
     return _Node(child, parent.group, parent.row_index, parent.row, path=path, level=len(parent.branches),
                  branches=list(parent.branches), inherited_tokens=sum(traj.loss_mask))

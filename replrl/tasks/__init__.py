@@ -2,11 +2,11 @@
 
 ``load_task("arithmetic", level=3)``, ``load_task("programs", level=2)``, ``load_task("explore", level=1)``,
 ``load_task("gsm8k", data="path/to/dir")``, ``load_task("dataset", data="problems.jsonl", columns={...},
-checker="exact")`` or ``load_task("pkg.mod:MyTask")``.
+checker="exact")`` or ``load_task("pkg.mod:MyTask")``; ``task_from_config(cfg)`` the one a ``Config`` names.
 """
 
 from replrl.tasks.arithmetic import ARITHMETIC_HEADER, ArithmeticTask
-from replrl.tasks.base import BUILTIN_TASKS, Task, TaskError, TaskWithSetup, load_task
+from replrl.tasks.base import BUILTIN_TASKS, Task, TaskError, TaskWithSetup, load_task, task_from_config
 from replrl.tasks.dataset import DATASET_INSTRUCTIONS, DatasetTask
 from replrl.tasks.explore import EXPLORE_HEADER, ExploreTask
 from replrl.tasks.gsm8k import GSM8K_HEADER, GSM8KTask
@@ -28,4 +28,5 @@ __all__ = [
     "TaskError",
     "TaskWithSetup",
     "load_task",
+    "task_from_config",
 ]

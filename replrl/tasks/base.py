@@ -149,6 +149,22 @@ def load_task(name: str, **options: Any) -> Task:
     return task
 
 
+def task_from_config(cfg: Any) -> Task:
+    """The task a ``Config`` names (``cfg.task``: its name and options; a generated task's level and seed, the
+    dataset task's data, columns, checker and system prompt, where set): ``load_task`` with the config's fields. The
+    one place a config becomes a task (``rollout.open_env``, the Trainer, its held-out tasks)."""
+    options = dict(cfg.task.options)
+    if cfg.task.name in ("arithmetic", "programs", "explore"):  # generated: the level and seed come from the config
+        options.setdefault("level", cfg.task.level)
+        options.setdefault("seed", cfg.task.seed)
+    if cfg.task.data:
+        options.setdefault("data", cfg.task.data)
+    for key in ("columns", "checker", "system_prompt"):  # the dataset task's (any task that takes them)
+        if getattr(cfg.task, key):
+            options.setdefault(key, getattr(cfg.task, key))
+    return load_task(cfg.task.name, **options)
+
+
 def _validate(name: str, task: Any) -> None:
     missing = [a for a in ("name", "tools", "rows", "header", "answer_of", "check") if not hasattr(task, a)]
     if missing:

@@ -23,7 +23,6 @@ from fractions import Fraction
 from typing import Any
 
 from replrl.answers import exact_match, parse_number
-from replrl.configlib import ConfigError
 from replrl.tasks.base import TaskError
 
 CHECKERS = ("exact", "number", "numbers", "math")
@@ -32,13 +31,6 @@ CHECKER_ARGS = ("submitted", "reference", "row")
 """The arguments a user's checker may declare (by these names)."""
 
 Checker = Callable[[Any, Any, Any], bool]
-
-
-def check_checker_name(key: str, name: str) -> None:
-    """A ConfigError unless ``name`` is empty (the task's own), a built-in checker or an import path."""
-    if name and name not in CHECKERS and ":" not in name:
-        raise ConfigError(f"{key} must be one of {', '.join(CHECKERS)} or an import path module:function; "
-                          f"got {name!r}")
 
 
 def exact(submitted: Any, reference: Any, row: Any = None) -> bool:

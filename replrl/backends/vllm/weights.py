@@ -1,4 +1,5 @@
-"""The weight sync into vLLM's engine: ``WeightSync`` (mixed into ``VLLMGenerator``), the flat buffers, the worker
+"""The weight sync into vLLM's engine: ``EngineSync`` (one sync, the ``weight_buckets.Transport`` of its buckets),
+``WeightSync`` (the weight side of ``VLLMGenerator``'s Generator contract, mixed in), the flat buffers, the worker
 extension.
 
 The engine starts from the model's config with placeholder weights (``load_format="dummy"``) and
@@ -19,14 +20,11 @@ import time
 import weakref
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from replrl.backends.weight_buckets import plan, stream
-
-if TYPE_CHECKING:
-    from replrl.backends.vllm.engine import VLLMGenerator
 
 _T = TypeVar("_T")
 
@@ -277,22 +275,76 @@ class merged:  # noqa: N801  (a context manager named for what it does)
             self.model.unmerge_adapter()
 
 
-class _EngineBucket:
-    """The ``weight_buckets.Transport`` of a sync: each bucket into the generator's engine."""
+VLLM_SLEEP_LEVEL = 2
+"""Sleep level used during the update: 2 frees the KV cache and drops the weights (they are copied in after the
+update anyway); 1 would keep a copy of them in host memory."""
 
-    def __init__(self, gen: VLLMGenerator, transport: str, deadline: float, partial: bool):
-        self.gen, self.transport, self.deadline, self.partial = gen, transport, deadline, partial
+
+class EngineSync:
+    """One weight sync into a vLLM engine, as a ``weight_buckets.Transport``: ``run`` streams the model's weights in
+    buckets, and ``send`` writes each into the flat buffer for ``transport`` and has the worker load it. It holds
+    what the sync needs and nothing of the generator: the engine, the loop it runs on (``submit``), the buffer it may
+    reuse or replace (``buffer``, read back after the sync), the deadline and the bucket size."""
+
+    def __init__(self, engine: Any, loop: Any, transport: str, buffer: FlatWeights | None, deadline: float,
+                 timeout_s: float, bucket_bytes: int):
+        self.engine, self.loop, self.transport, self.buffer = engine, loop, transport, buffer
+        self.deadline, self.timeout_s, self.bucket_bytes = deadline, timeout_s, bucket_bytes
+        self.partial = False
+
+    def run(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Stream the weights to the worker in buckets (``weight_buckets``): each gathered, written for the
+        transport into a buffer the size of the largest bucket, and loaded, before the next."""
+        buckets = plan(named, self.bucket_bytes)
+        self.partial = len(buckets) > 1
+        if self.transport in ("shm", "cuda_ipc"):
+            kind = CudaWeights if self.transport == "cuda_ipc" else SharedWeights
+            largest = max(buckets, key=lambda b: weight_table([named[i] for i in b])[1])
+            sized = [named[i] for i in largest]  # shapes and dtypes only (a DTensor's are the whole tensor's)
+            if not isinstance(self.buffer, kind) or self.buffer.nbytes < weight_table(sized)[1]:
+                if self.buffer is not None:
+                    self.buffer.close()
+                self.buffer = None
+                self.buffer = kind(sized)
+        stream(named, self, self.bucket_bytes)
 
     def send(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        self.gen._load_bucket(bucket, self.transport, self.deadline, self.partial)
+        """Write one bucket of whole tensors for the transport and have the worker load it."""
+        if self.transport in ("shm", "cuda_ipc"):
+            shared = self.buffer
+            assert shared is not None
+            table, _ = weight_table(bucket)
+            for (_, dtype, shape, offset), (_, t) in zip(table, bucket, strict=True):
+                _unflatten(shared.flat, dtype, shape, offset).copy_(t)
+            if isinstance(shared, CudaWeights):
+                torch.cuda.synchronize(shared.flat.device)  # the worker reads on its own stream, in another process
+                method, args = "replrl_load_cuda", (shared.handle, shared.gpu_uuid, table, self.partial)
+            else:
+                assert isinstance(shared, SharedWeights)
+                method, args = "replrl_load_shared", (shared.path, shared.nbytes, table, self.partial)
+        else:
+            method, args = "replrl_load_weights", (*pack_weights(bucket), self.partial)
+        # the bound is ours, not vLLM's: a collective_rpc timeout inside the engine kills the engine core
+        self.bounded(self.engine.collective_rpc(method, args=args))
 
-
+    def bounded(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``coro`` on the engine's loop; ``WeightSyncTimeout`` if it is not done by the deadline."""
+        future = self.loop.submit(coro)
+        try:
+            return future.result(max(self.deadline - time.perf_counter(), 0.0))
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            future.cancel()
+            raise WeightSyncTimeout(
+                f"weight sync into vLLM did not finish within {self.timeout_s:g} s (model.sync_timeout_s): "
+                "the engine is stuck or the machine is overloaded; the run stops here (resume from its checkpoint)"
+            ) from None
 
 
 class WeightSync:
-    """The weight sync of ``VLLMGenerator`` (mixed in): ``sync_weights`` and the steps it takes, over the
-    generator's engine (``engine``, ``_loop``) and its sync settings (``sync_transport``, ``sync_timeout_s``,
-    ``sync_bucket_bytes``), set in ``VLLMGenerator.__init__``."""
+    """The weight side of ``VLLMGenerator``'s ``Generator`` contract (mixed in): ``version``, ``sync_weights``,
+    ``sleep`` and ``wake``. A sync is an ``EngineSync`` (the buckets' transport) made from the generator's engine
+    (``engine``, ``_loop``) and sync settings (``sync_transport``, ``sync_timeout_s``, ``sync_bucket_bytes``, set in
+    ``VLLMGenerator.__init__``), whose outcome (the buffer, the transport used) the generator keeps."""
 
     engine: Any
     _loop: Any
@@ -304,38 +356,58 @@ class WeightSync:
     sync_bucket_bytes: int
     last_sync_s: float
     last_sync_transport: str
+    version: int = 0
+    """The policy version the engine samples with (``sync_weights``'s; 0: the weights it was started with)."""
+    own_weights = True
+    """The engine holds its own copy of the weights, which ``sync_weights`` fills."""
 
     def _check_open(self) -> None:
         raise NotImplementedError  # VLLMGenerator's
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
         """Copy ``model``'s weights into the engine (in memory, see ``sync_transport``; loaded by vLLM's in-place
-        reload) and drop the prefix cache computed with the old ones. Call it between rollouts (no request in
-        flight). Raises ``WeightSyncTimeout`` (one line) when it takes longer than ``sync_timeout_s``."""
+        reload) and drop the prefix cache computed with the old ones; the engine samples with ``version`` from now
+        on (None: the next one). Call it between rollouts (no request in flight). Raises ``WeightSyncTimeout`` (one
+        line) when it takes longer than ``sync_timeout_s``."""
         self._check_open()
         t0 = time.perf_counter()
-        deadline = t0 + self.sync_timeout_s
         with merged(model), torch.no_grad():
             named = list(hf_weights(model))  # under FSDP2 DTensor shards: each bucket gathers its own (every rank)
-            transport = self._transport(named)
+            sync = self._sync(self._transport(named), t0)
             try:
-                self._load(named, transport, deadline)
+                sync.run(named)
             except WeightSyncTimeout:
                 raise
             except Exception as e:
-                if self.sync_transport != "auto" or transport != "cuda_ipc":
+                if self.sync_transport != "auto" or sync.transport != "cuda_ipc":
                     raise
                 # auto's first choice failed (the engine on another GPU, IPC not allowed here): shared memory from
                 # now on, which works wherever the engine runs
                 logging.getLogger(__name__).warning("weight sync by CUDA IPC failed (%s); using shared memory",
                                                     str(e).strip().splitlines()[-1] if str(e).strip() else e)
                 self._ipc_failed = True
-                transport = "shm"
-                self._load(named, transport, deadline)
-        if not self._bounded(self.engine.reset_prefix_cache(), deadline):
+                sync = self._sync("shm", t0, sync.buffer)
+                sync.run(named)
+            finally:
+                self._shared = sync.buffer
+        if not sync.bounded(self.engine.reset_prefix_cache()):
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
         self.last_sync_s = time.perf_counter() - t0
-        self.last_sync_transport = transport
+        self.last_sync_transport = sync.transport
+        self.version = self.version + 1 if version is None else int(version)
+
+    def sleep(self) -> None:
+        """Put the engine to sleep (``VLLM_SLEEP_LEVEL``) so the update can use its GPU memory (needs the engine
+        started with ``enable_sleep_mode``: ``model.vllm_sleep``); ``wake``, then ``sync_weights``, bring it back."""
+        self._loop.call(self.engine.sleep(level=VLLM_SLEEP_LEVEL))
+
+    def wake(self) -> None:
+        """Undo ``sleep``: the weights and the KV cache allocated again."""
+        self._loop.call(self.engine.wake_up())
+
+    def _sync(self, transport: str, t0: float, buffer: FlatWeights | None = None) -> EngineSync:
+        return EngineSync(self.engine, self._loop, transport, buffer if buffer is not None else self._shared,
+                          t0 + self.sync_timeout_s, self.sync_timeout_s, self.sync_bucket_bytes)
 
     def _transport(self, named: list[tuple[str, torch.Tensor]]) -> str:
         """``sync_transport`` with ``auto`` resolved: CUDA IPC when the weights and the engine are on a GPU (and
@@ -345,49 +417,7 @@ class WeightSync:
         on_gpu = self._cuda and bool(named) and named[0][1].is_cuda
         return "cuda_ipc" if on_gpu and not self._ipc_failed else "shm"
 
-    def _load(self, named: list[tuple[str, torch.Tensor]], transport: str, deadline: float) -> None:
-        """Stream the weights to the worker in buckets (``weight_buckets``): each gathered, written for
-        ``transport`` into a buffer the size of the largest bucket, and loaded, before the next."""
-        buckets = plan(named, self.sync_bucket_bytes)
-        if transport in ("shm", "cuda_ipc"):
-            kind = CudaWeights if transport == "cuda_ipc" else SharedWeights
-            largest = max(buckets, key=lambda b: weight_table([named[i] for i in b])[1])
-            sized = [named[i] for i in largest]  # shapes and dtypes only (a DTensor's are the whole tensor's)
-            if not isinstance(self._shared, kind) or self._shared.nbytes < weight_table(sized)[1]:
-                if self._shared is not None:
-                    self._shared.close()
-                self._shared = None
-                self._shared = kind(sized)
-        stream(named, _EngineBucket(self, transport, deadline, partial=len(buckets) > 1), self.sync_bucket_bytes)
-
-    def _load_bucket(self, bucket: list[tuple[str, torch.Tensor]], transport: str, deadline: float,
-                     partial: bool) -> None:
-        """Write one bucket of whole tensors for ``transport`` and have the worker load it."""
-        if transport in ("shm", "cuda_ipc"):
-            shared = self._shared
-            assert shared is not None
-            table, _ = weight_table(bucket)
-            for (_, dtype, shape, offset), (_, t) in zip(table, bucket, strict=True):
-                _unflatten(shared.flat, dtype, shape, offset).copy_(t)
-            if isinstance(shared, CudaWeights):
-                torch.cuda.synchronize(shared.flat.device)  # the worker reads on its own stream, in another process
-                method, args = "replrl_load_cuda", (shared.handle, shared.gpu_uuid, table, partial)
-            else:
-                assert isinstance(shared, SharedWeights)
-                method, args = "replrl_load_shared", (shared.path, shared.nbytes, table, partial)
-        else:
-            method, args = "replrl_load_weights", (*pack_weights(bucket), partial)
-        # the bound is ours, not vLLM's: a collective_rpc timeout inside the engine kills the engine core
-        self._bounded(self.engine.collective_rpc(method, args=args), deadline)
-
     def _bounded(self, coro: Coroutine[Any, Any, _T], deadline: float) -> _T:
-        """Run ``coro`` on the engine's loop; ``WeightSyncTimeout`` if it is not done by ``deadline``."""
-        future = self._loop.submit(coro)
-        try:
-            return future.result(max(deadline - time.perf_counter(), 0.0))
-        except (TimeoutError, concurrent.futures.TimeoutError):
-            future.cancel()
-            raise WeightSyncTimeout(
-                f"weight sync into vLLM did not finish within {self.sync_timeout_s:g} s (model.sync_timeout_s): "
-                "the engine is stuck or the machine is overloaded; the run stops here (resume from its checkpoint)"
-            ) from None
+        """Run ``coro`` on the engine's loop; ``WeightSyncTimeout`` if it is not done by ``deadline`` (``close``
+        releases the worker's buffer with it)."""
+        return EngineSync(self.engine, self._loop, "", None, deadline, self.sync_timeout_s, 0).bounded(coro)
