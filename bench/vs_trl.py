@@ -103,6 +103,32 @@ NO_SKIP_BOOT = ("import sys; import replrl.trainer as t; t.Trainer.skip_zero_gra
                 "from replrl.cli import main; sys.exit(main())")
 
 
+# TRL parses tool calls with the tokenizer's response template (transformers' response parsing; TRL sets its own for
+# known chat templates, and keeps one the tokenizer already has). "tags": TRL's own for the Qwen/ChatML template, a
+# call only inside <tool_call> tags. "json": the same template whose tool-call field also opens at a bare call object
+# ({"name": ..., "arguments": {...}}), in tags, in a ```json fence or bare: Qwen2.5-Coder-0.5B writes its calls so
+# (docs/benchmarks.md, "A fair race"), and a TRL user would give such a model this parser
+PARSERS = ("tags", "json")
+_CALL_START = r'(?=\{\s*"name"\s*:)'
+
+
+def json_call_template() -> dict:
+    """--trl-parser json: TRL's Qwen response template (``trl.chat_template_utils.qwen3_template``, the one
+    ``add_response_schema`` sets for the qwen2_5 template) with a tool-call field that opens at a call object (after an
+    optional ``<tool_call>`` or ```` ```json ````) and closes after its last ``}`` (and the tag or fence, if any)."""
+    import copy
+
+    from trl.chat_template_utils import qwen3_template
+
+    template = copy.deepcopy(qwen3_template)
+    template["fields"]["tool_calls"] = {
+        "open_pattern": r"(?:<tool_call>\s*|```(?:json)?\s*)?" + _CALL_START,
+        "close_pattern": r"(?<=\})\s*(?:</tool_call>|```)\s*|(?<=\}\})\s*(?=\{\s*\"name\"\s*:|<\|im_end\|>|$)",
+        "repeats": True, "content": "json", "transform": {"type": "function", "function": "{content}"},
+    }
+    return template
+
+
 def problem_order(n_rows: int, seed: int, n: int) -> list[int]:
     """The indices of the first ``n`` training problems ``replrl train`` draws (its ``ProblemStream`` at
     ``run.seed = seed``): with --fair the TRL side's dataset holds these rows in this order, unshuffled."""
@@ -163,10 +189,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a tiny random model on Qwen2.5's tokenizer, 1 step, 2 x 2 episodes: the plumbing only")
     p.add_argument("--vllm", action="store_true", help="both sides generate with vLLM (a GPU)")
     p.add_argument("--fair", action="store_true",
-                   help="issue 68's race: --example turns, --trl-answer submit, the TRL side's problems in "
-                        "replrl's order (unshuffled), its generation ends at a submit() (as replrl's episode does), "
-                        "replrl's reward the outcome alone with GRPO's episode advantage, no per-line limits, the "
-                        "budget after the prompt equal (replrl: budget + its shortest prompt), the zero-gradient "
+                   help="issue 68's race: --example turns, --trl-parser json, --trl-answer submit, the TRL side's "
+                        "problems in replrl's order (unshuffled), its generation ends at a submit() (as replrl's "
+                        "episode does), replrl's reward the outcome alone with GRPO's episode advantage, no "
+                        "per-line limits, the budget after the prompt equal (replrl: budget + its shortest prompt), the zero-gradient "
                         "skip off (--replrl-skip on to measure it)")
     p.add_argument("--example", choices=EXAMPLES,
                    help="TRL's prompt shows replrl's header example (x = 12 * (3 + 4); submit(x)) as a <tool_call>: "
@@ -174,6 +200,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trl-answer", choices=("submit", "lenient"),
                    help="what TRL's reward takes as the answer: submit() only (replrl's rule; --fair's default) "
                         "or, without a submit(), the final message's last number (the default without --fair)")
+    p.add_argument("--trl-parser", choices=PARSERS,
+                   help="how TRL's loop finds a tool call: tags (TRL's own: inside <tool_call> tags only; the default "
+                        "without --fair) or json (--fair's default: "
+                        "also a bare or ```json-fenced {\"name\": ..., \"arguments\": ...}: a response template "
+                        "set on the tokenizer, TRL's own mechanism; the Qwen/ChatML template only)")
     p.add_argument("--replrl-skip", choices=("on", "off"),
                    help="replrl's zero-gradient skip (default: on; off with --fair)")
     p.add_argument("--eval-every", type=int, default=0,
@@ -185,6 +216,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-total-tokens", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.example = args.example or ("turns" if args.fair else "none")
+    args.trl_parser = args.trl_parser or ("json" if args.fair else "tags")
     args.trl_answer = args.trl_answer or ("submit" if args.fair else "lenient")
     args.replrl_skip = args.replrl_skip or ("off" if args.fair else "on")
     if args.smoke:
@@ -433,6 +465,9 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
         # SmolLM2's ChatML template has no tool format: TRL's own Qwen2.5 template (ChatML too, <|im_start|> and
         # <|im_end|>, with the tool schema in the system turn and <tool_call> tags) is the one its loop parses
         tok.chat_template, template = qwen2_5_chat_template, "TRL's qwen2_5 (the model's own has no tool format)"
+    if args.trl_parser == "json":  # set before GRPOTrainer, which keeps a response template the tokenizer has
+        tok.response_template = json_call_template()
+        template += "; tool calls parsed by vs_trl.json_call_template (bare or fenced JSON calls too)"
 
     def prompt_of(row: dict) -> list[dict]:
         # The question and how to answer; replrl's header speaks of a REPL transcript, which this side has not
@@ -600,7 +635,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> dict:
             "eval_wall_s": [round(eval_before_s, 1), round(eval_after_s, 1)],
             "process_wall_s": round(time.time() - t0, 1), "trl_version": trl.__version__, "chat_template": template,
             "executions_are": "tool calls (a whole code block each)", "steps": steps, "evals": evals,
-            "samples": samples, "fair": args.fair, "example": args.example,
+            "samples": samples, "fair": args.fair, "example": args.example, "trl_parser": args.trl_parser,
             "answer": args.trl_answer, "problem_order": [r.get("question") for r in train_rows[:8]]}
 
 
@@ -719,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
             "cpus": os.cpu_count(), "argv": sys.argv, "replrl_max_total_tokens": max_total,
             "budget_tokens": args.budget_tokens, "replrl_prompt_tokens_min_max": prompt_lengths,
-            "fair": args.fair, "example": args.example, "trl_answer": args.trl_answer,
+            "fair": args.fair, "example": args.example, "trl_parser": args.trl_parser, "trl_answer": args.trl_answer,
             "replrl_skip": args.replrl_skip, "eval_every": args.eval_every, "seed": args.seed,
             "loadavg": {"start": os.getloadavg()}}
     sides: dict[str, dict] = {}

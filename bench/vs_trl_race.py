@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--thresholds", default="0.25,0.5,0.75", help="held-out accuracies to time")
     p.add_argument("--threads", type=int, default=0, help="torch threads, both sides (0: torch's default)")
     p.add_argument("--vllm", action="store_true", help="both sides generate with vLLM (a GPU; TRL colocate)")
+    p.add_argument("--trl-parser", choices=("tags", "json"), default="json",
+                   help="TRL's tool-call parser (vs_trl.py --trl-parser): json takes the bare JSON calls "
+                        "Qwen2.5-Coder-0.5B writes; tags is TRL's own")
     p.add_argument("--replrl-skip", choices=("on", "off"), default="off",
                    help="replrl's zero-gradient skip (off: every backward runs, as TRL's)")
     p.add_argument("--load-every", type=float, default=30.0, help="seconds between load samples")
@@ -104,7 +107,8 @@ def child_command(args: argparse.Namespace, seed: int, side: str, work: Path) ->
            "--steps", str(args.steps), "--group-size", str(args.group_size),
            "--problems-per-step", str(args.problems_per_step), "--budget-tokens", str(args.budget_tokens),
            "--temperature", str(args.temperature), "--eval-n", str(args.eval_n),
-           "--eval-every", str(args.eval_every), "--replrl-skip", args.replrl_skip, "--out", str(work)]
+           "--eval-every", str(args.eval_every), "--replrl-skip", args.replrl_skip, "--trl-parser", args.trl_parser,
+           "--out", str(work)]
     if args.lr is not None:
         cmd += ["--lr", str(args.lr)]
     if args.threads:
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     settings = {k: getattr(args, k) for k in ("model", "task", "level", "steps", "group_size", "problems_per_step",
                                                "budget_tokens", "lr", "temperature", "eval_n", "eval_every",
-                                               "threads", "vllm", "replrl_skip")}
+                                               "threads", "vllm", "replrl_skip", "trl_parser")}
     settings["lr"] = settings["lr"] if settings["lr"] is not None else "vs_trl.py's default (2e-6)"
     for seed, side in plan:
         work = work_root / f"seed{seed}"

@@ -96,8 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-execute", action="store_true", help="do not run the parsed calls in a kernel")
+    p.add_argument("--parser", choices=vs_trl.PARSERS, default="tags",
+                   help="how TRL's loop finds a call: tags (TRL's own) or json (vs_trl.json_call_template: bare or "
+                        "fenced JSON calls too; vs_trl.py --trl-parser json)")
+    p.add_argument("--reparse", help="a probe record (--out) to parse again with --parser, running the calls it "
+                                     "finds: the same first turns, no generation")
     p.add_argument("--out", help="JSON record (figures and every sample)")
     args = p.parse_args(argv)
+    recorded: dict | None = None
+    if args.reparse:  # the record's settings; its samples are the first turns
+        recorded = json.loads(Path(args.reparse).read_text())
+        for key in ("model", "task", "level", "n", "samples", "temperature", "max_new_tokens", "seed"):
+            setattr(args, key, recorded[key])
+        args.variants = ",".join(dict.fromkeys(s["variant"] for s in recorded["samples_record"]))
 
     import torch
     from trl.chat_template_utils import (
@@ -109,19 +120,26 @@ def main(argv: list[str] | None = None) -> int:
         supports_tool_calling,
     )
 
-    from replrl.models import load_model_and_tokenizer, resolve_model
+    from replrl.models import load_model_and_tokenizer, load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
     t_start = time.time()
     model_dir = str(resolve_model(args.model))
-    model, tok = load_model_and_tokenizer(model_dir, dtype=torch.float32, device="cpu")
-    model.eval()
+    if recorded is None:
+        model, tok = load_model_and_tokenizer(model_dir, dtype=torch.float32, device="cpu")
+        model.eval()
+    else:
+        model, tok = None, load_tokenizer(model_dir)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     template = "as shipped"
     if not supports_tool_calling(tok):
         tok.chat_template, template = qwen2_5_chat_template, "TRL's qwen2_5 (the model's own has no tool format)"
-    tok = add_response_schema(tok)
+    if args.parser == "json":
+        tok.response_template = vs_trl.json_call_template()
+        template += "; calls parsed by vs_trl.json_call_template"
+    else:
+        tok = add_response_schema(tok)
     training_template = None
     if not is_chat_template_prefix_preserving(tok):
         training_template, template = get_training_chat_template(tok), template + "; TRL's training template"
@@ -149,14 +167,19 @@ def main(argv: list[str] | None = None) -> int:
                                                      return_dict=False, chat_template=training_template)
                 if isinstance(prompt_ids, dict):
                     prompt_ids = prompt_ids["input_ids"]
-                ids = torch.tensor([list(prompt_ids)])
-                torch.manual_seed(args.seed * 100003 + i)
-                with torch.no_grad():
-                    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                                         do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0,
-                                         num_return_sequences=args.samples, pad_token_id=tok.pad_token_id)
-                for seq in out:
-                    gen = seq[ids.shape[1]:].tolist()
+                if recorded is not None:
+                    gens = [tok(r["text"], add_special_tokens=False).input_ids for r in recorded["samples_record"]
+                            if r["variant"] == variant and r["problem"] == i]
+                else:
+                    ids = torch.tensor([list(prompt_ids)])
+                    torch.manual_seed(args.seed * 100003 + i)
+                    with torch.no_grad():
+                        out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                             max_new_tokens=args.max_new_tokens, do_sample=True,
+                                             temperature=args.temperature, top_k=0, top_p=1.0,
+                                             num_return_sequences=args.samples, pad_token_id=tok.pad_token_id)
+                    gens = [seq[ids.shape[1]:].tolist() for seq in out]
+                for gen in gens:
                     while gen and gen[-1] == tok.pad_token_id and tok.pad_token_id != tok.eos_token_id:
                         gen.pop()
                     # HF pads finished rows with pad (= eos for some): keep up to and including the first eos
@@ -200,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
     record = {"model": args.model, "model_dir": model_dir, "task": args.task, "level": args.level, "n": args.n,
               "samples": args.samples, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-              "seed": args.seed, "chat_template": template, "argv": sys.argv, "loadavg": os.getloadavg(),
+              "seed": args.seed, "chat_template": template, "parser": args.parser, "reparsed": args.reparse,
+              "argv": sys.argv, "loadavg": os.getloadavg(),
               "wall_s": round(time.time() - t_start, 1), "figures": figures, "samples_record": samples}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -150,3 +150,31 @@ def test_probe_classify_and_interval():
     assert vs_trl_tool_probe.wilson(0, 0) is None
     lo, hi = vs_trl_tool_probe.wilson(20, 40)
     assert lo == pytest.approx(0.3519, abs=1e-3) and hi == pytest.approx(0.6481, abs=1e-3)
+
+
+def test_json_call_template_takes_the_calls_qwen_writes_without_tags():
+    pytest.importorskip("trl")
+    from trl.chat_template_utils import parse_response, qwen2_5_chat_template
+
+    from replrl.models import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    tok.chat_template = qwen2_5_chat_template
+    tok.response_template = vs_trl.json_call_template()
+    prefix = tok("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).input_ids
+
+    def calls(text):
+        parsed = parse_response(tok, tok(text, add_special_tokens=False).input_ids, prefix=prefix)
+        return [c["function"] for c in parsed.get("tool_calls") or []], parsed.get("content")
+
+    code = {"name": "python", "arguments": {"code": "x = 80 + (43 - 92)\nsubmit(x)"}}
+    body = json.dumps(code)
+    bare, fenced, tagged = f"{body}\n", f"```json\n{body}\n```", f"<tool_call>\n{body}\n</tool_call>"
+    for text in (bare, fenced, tagged):
+        assert calls(f"{text}<|im_end|>") == ([code], "")
+    first = json.dumps({"name": "python", "arguments": {"code": "d = {1: {2: 3}}"}})
+    two, content = calls(f"Sure.\n{first}\n{body}<|im_end|>")
+    assert [c["arguments"]["code"] for c in two] == ["d = {1: {2: 3}}", code["arguments"]["code"]]
+    assert content == "Sure."
+    assert calls("The answer is 31.<|im_end|>") == ([], "The answer is 31.")
+    assert calls("```python\nprint(1)\n```<|im_end|>")[0] == []
