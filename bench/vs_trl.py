@@ -192,8 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="issue 68's race: --example turns, --trl-parser json, --trl-answer submit, the TRL side's "
                         "problems in replrl's order (unshuffled), its generation ends at a submit() (as replrl's "
                         "episode does), replrl's reward the outcome alone with GRPO's episode advantage, no "
-                        "per-line limits, the budget after the prompt equal (replrl: budget + its shortest prompt), the zero-gradient "
-                        "skip off (--replrl-skip on to measure it)")
+                        "per-line limits, the budget after the prompt equal (replrl: budget + its shortest "
+                        "prompt), the zero-gradient skip off (--replrl-skip on to measure it)")
     p.add_argument("--example", choices=EXAMPLES,
                    help="TRL's prompt shows replrl's header example (x = 12 * (3 + 4); submit(x)) as a <tool_call>: "
                         "in the user turn (inline) or as an earlier exchange (turns); default none, --fair: turns")
