@@ -114,6 +114,9 @@ class Trajectory:
     sampling: dict[str, Any] = field(default_factory=dict)
     group: int = -1
     """Episodes sampled for the same prompt share a group id (GRPO's group)."""
+    policy_step: int = 0
+    """The policy version the episode was sampled with (``Generator.version``: the optimizer steps behind the weights,
+    0 for the weights a run started from): what a learner checks before training on it."""
     outcome_rewards: dict[str, float] = field(default_factory=dict)
     """Episode-level reward terms, weighted: the final-answer terms (correct / wrong / no_submit) and the reward
     functions of ``rewards.functions`` (by their names)."""

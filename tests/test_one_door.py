@@ -129,8 +129,11 @@ def test_chat_template_kwargs_reach_every_prompt_an_episode_builds(format_model_
     (switched,) = api.sample_episodes(str(model_dir), n=1, cfg=cfg)
     assert "<think>" not in plain.text and "<|im_start|>assistant\n<think>\n\n</think>\n\nPython " in switched.text
     results = []
-    Trainer(cfg, tmp_path / "run", progress=False).train(on_step=results.append)  # a training step's prompts
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    trainer.train(on_step=results.append)  # a training step's prompts
     assert all("<think>\n\n</think>" in t.text for t in results[0].trajectories)
+    # the step's episodes were sampled with the weights the run started from; the generator then took step 1's
+    assert {t.policy_step for t in results[0].trajectories} == {0} and trainer.generator.version == 1
 
 
 def test_open_env_composes_an_env_from_the_config_and_closes_only_what_it_opened(opened):

@@ -385,7 +385,7 @@ def episode():
     prompt = encode(tokenizer, build_prompt(tokenizer, task.header(row), chat_template=False))
     pool = run_sync(KernelPool(size=1, limits=Limits(wall_s=5.0), tools=["submit"]).start())
     try:
-        env = Env(SimpleNamespace(tokenizer=tokenizer), pool, task,  # the scripted session is the generator's
+        env = Env(SimpleNamespace(tokenizer=tokenizer, version=0), pool, task,  # the session is the scripted one
                   EpisodeRules(max_output_tokens=40, max_repeats=3, state_digest=False, max_lines=20),
                   RewardModel(RewardConfig().weights), chat_template=False)
         traj = run_sync(run_episode(ScriptedSession(tokenizer, SCRIPT), 0, env, row, prompt,

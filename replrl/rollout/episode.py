@@ -69,7 +69,7 @@ class Episode:
         record = {**asdict(sampling), "max_lines": rules.max_lines, "max_total_tokens": rules.max_total_tokens}
         return cls(Trajectory(token_ids=list(prompt_ids), loss_mask=[0] * len(prompt_ids),
                               logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids), text="",
-                              task=env.task.name, sampling=record))
+                              task=env.task.name, sampling=record, policy_step=env.generator.version))
 
     @property
     def ended(self) -> bool:
