@@ -1,14 +1,13 @@
-"""``VLLMGenerator``: vLLM's async engine started from a transformers model, on its own event loop thread; its
+"""``VLLMGenerator``: vLLM's async engine started from a transformers model, on the sandbox's loop thread
+(``engine_loop.py``: the episodes and kernels run there too); its
 sessions (``session.py``), its weight sync (``weights.py``, mixed in) and its line rule (``line_rule.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Coroutine
@@ -21,6 +20,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from replrl.backends import BackendError
 from replrl.backends.step_log import StepLog
+from replrl.backends.vllm.engine_loop import EngineLoop
 from replrl.backends.vllm.line_rule import MASKS_FILE, LineRuleLogitsProcessor
 from replrl.backends.vllm.session import EngineStopped, VLLMSession
 from replrl.backends.vllm.weights import SYNC_TRANSPORTS, FlatWeights, WeightSync, WeightSyncExtension
@@ -65,39 +65,6 @@ def step_logger_class(log: StepLog) -> type:
             pass
 
     return _StepLogger
-
-
-
-class _LoopThread:
-    """A private event loop on a daemon thread: the engine's home."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="replrl-vllm", daemon=True)
-        self.thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, _T]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
-        return self.submit(coro).result(timeout)
-
-    def stop(self) -> None:
-        """Cancel what still runs on the loop (e.g. the engine's output handler), then stop the thread."""
-        if self.loop.is_running():
-            try:
-                self.call(_cancel_others(), timeout=10)
-            except Exception:  # a loop that cannot answer is stopped all the same
-                pass
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
-
-
-async def _cancel_others() -> None:
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 
@@ -207,7 +174,7 @@ class VLLMGenerator(WeightSync):
         if step_stats and "enable_logging_iteration_details" in AsyncEngineArgs.__dataclass_fields__:
             args["enable_logging_iteration_details"] = True  # (vLLM 0.32; older versions report no step details)
         args.update(engine_args or {})
-        self._loop = _LoopThread()
+        self._loop = EngineLoop()
         self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)
         loggers = [step_logger_class(self.step_log)] if self.step_log is not None else None
         self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args), loggers))
@@ -252,16 +219,11 @@ async def _start(args: AsyncEngineArgs, stat_loggers: list[type] | None = None) 
         AsyncLLM.from_engine_args(args)
 
 
-def _shutdown(engine: AsyncLLM | None, loop: _LoopThread, directory: Path) -> None:
+def _shutdown(engine: AsyncLLM | None, loop: EngineLoop, directory: Path) -> None:
     if engine is not None:
-        try:  # the engine's output handler first: it would log the engine process's exit as an error
-            if loop.loop.is_running():
-                loop.call(_cancel_others(), timeout=10)
-        except Exception:  # a loop that cannot answer is stopped below all the same
-            pass
+        loop.stop()  # the engine's output handler first: it would log the engine process's exit as an error
         try:
             engine.shutdown()
         except Exception:  # already gone: nothing left to release
             pass
-    loop.stop()
     shutil.rmtree(directory, ignore_errors=True)

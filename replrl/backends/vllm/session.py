@@ -45,6 +45,12 @@ class _Row:
     finished: bool = False
     restarts: int = 0
     """Rollbacks so far: each ends the row's request; the next line starts a new one (its own id and seed)."""
+    params: Any = None
+    """The row's ``vllm.SamplingParams``, built once per request and reused while ``max_tokens`` holds (building one
+    with the 1,467 stop ids cost 0.2 CPU-ms a line). vLLM copies it shallowly per chunk (``skip_clone``) and its
+    request path only adds the model's EOS ids to the shared stop set, which holds them already."""
+    params_for: tuple[int, int] = (-1, -1)
+    """The (restarts, max_tokens) ``params`` was built for (the seed depends on the restarts)."""
 
 
 class _Stream:
@@ -150,16 +156,22 @@ class VLLMSession:
         from a line out of the engine to the row's next input (the caller: running the line, and any wait)."""
 
     def _params(self, i: int, room: int) -> vllm.SamplingParams:
+        row, max_tokens = self._rows[i], min(self.sampling.max_line_tokens, room)
+        if row.params_for != (row.restarts, max_tokens):
+            row.params, row.params_for = self._new_params(i, max_tokens), (row.restarts, max_tokens)
+        return row.params
+
+    def _new_params(self, i: int, max_tokens: int) -> vllm.SamplingParams:
         s = self.sampling
         # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it (a request
         # after a rollback: a stream of its own)
         seed = None if s.seed is None else row_seed(s.seed, i, self._rows[i].restarts)
         return vllm.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
-            max_tokens=min(s.max_line_tokens, room), logprobs=0, detokenize=False,
+            max_tokens=max_tokens, logprobs=0, detokenize=False,
             stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
             logit_bias=self._gen.logit_bias, extra_args={LINE_RULE_KEY: True},
-            # made for this one line's request: vLLM need not deep-copy it (with the 1,467 stop ids that copy was
+            # made for this row's request: vLLM need not deep-copy it (with the 1,467 stop ids that copy was
             # 1.6 of the trainer process's 8-10 CPU-ms a line, docs/results/host_profile.md)
             skip_clone=True,
         )
@@ -180,9 +192,9 @@ class VLLMSession:
         chunk = row.ids[row.sent:]
         request_id = f"{self._name}-{i}" + (f"-r{row.restarts}" if row.restarts else "")
         restarts = row.restarts
-        row.future = future = self._gen._loop.submit(self._line(row, request_id, chunk, params))
+        row.future = future = self._start(self._line(row, request_id, chunk, params))
         try:
-            sample, cached = await asyncio.wrap_future(future)
+            sample, cached = await _wait(future)
         except asyncio.CancelledError:
             if self._closed:
                 raise RuntimeError("session closed") from None
@@ -237,7 +249,7 @@ class VLLMSession:
         if future is not None:
             future.cancel()  # its _line aborts the request on the engine's loop
         if stream is not None:  # gone from the engine before the row's next request
-            await asyncio.wrap_future(self._gen._loop.submit(stream.abort()))
+            await _wait(self._start(stream.abort()))
 
     def finish(self, i: int) -> None:
         row = self._rows[i]
@@ -245,7 +257,7 @@ class VLLMSession:
         if row.future is not None:
             row.future.cancel()  # aborts the request in the engine
         elif row.stream is not None:
-            self._gen._loop.submit(row.stream.close())
+            self._start(row.stream.close())
 
     async def aclose(self) -> None:
         self._closed = True
@@ -254,7 +266,24 @@ class VLLMSession:
                 row.future.cancel()
         streams = [row.stream for row in self._rows if row.stream is not None]
         if streams:
-            await asyncio.wrap_future(self._gen._loop.submit(_close_all(streams)))
+            await _wait(self._start(_close_all(streams)))
+
+    def _start(self, coro: Any) -> Any:
+        """Run ``coro`` on the engine's loop: a task when the caller is on it (the episodes are, under
+        ``sandbox.run_sync``: engine_loop.py), else a concurrent future handed over to it."""
+        if self._gen._loop.here():
+            task = asyncio.ensure_future(coro)
+            _running.add(task)  # held until done (the loop keeps only weak references to tasks)
+            task.add_done_callback(_running.discard)
+            return task
+        return self._gen._loop.submit(coro)
+
+
+_running: set[asyncio.Task] = set()
+
+
+async def _wait(future: Any) -> Any:
+    return await (future if isinstance(future, asyncio.Future) else asyncio.wrap_future(future))
 
 
 async def _close_all(streams: list[_Stream]) -> None:
