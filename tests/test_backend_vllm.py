@@ -607,3 +607,17 @@ def test_predict_output_in_a_train_step_on_the_vllm_backend_leaves_the_samples_a
         assert (a.token_ids, a.logprobs, a.loss_mask) == (b.token_ids, b.logprobs, b.loss_mask)
     assert_figures_by_hand(row, trajs, tok, trainer.pad_id, tiny_model(tok, seed=3, head_dim=64))
     assert row["grad_norm"] != plain_row["grad_norm"], "the term adds to the gradient"
+
+
+def test_closing_one_engine_leaves_the_others_serving(gen, tok):
+    """Every engine of a process runs on the sandbox's one loop thread (engine_loop.py), beside the kernels and the
+    episodes: closing one cancels its own tasks only (vLLM's output handler, its rows' streams), not the loop's."""
+    model = tiny_model(tok, seed=11, head_dim=64)
+    gen.sync_weights(model)
+    other = vllm_backend.VLLMGenerator(tiny_model(tok, head_dim=64), tok, max_model_len=256, kv_cache_gib=0.25,
+                                       engine_args=EAGER)
+    assert other._loop.loop is gen._loop.loop
+    probe_logprobs(other, tok, ids_of(tok, "x = 1\n>>>"), SamplingParams(seed=3, max_line_tokens=4))
+    other.close()
+    assert gen._loop.loop.is_running()
+    assert_engine_samples_from(gen, tok, model)

@@ -4,6 +4,7 @@ sessions (``session.py``), its weight sync (``weights.py``, mixed in) and its li
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import shutil
@@ -175,11 +176,13 @@ class VLLMGenerator(WeightSync):
             args["enable_logging_iteration_details"] = True  # (vLLM 0.32; older versions report no step details)
         args.update(engine_args or {})
         self._loop = EngineLoop()
-        self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)
+        self._tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+        """The tasks of this engine's sessions' row streams (cancelled when it shuts down)."""
+        self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir, self._tasks)
         loggers = [step_logger_class(self.step_log)] if self.step_log is not None else None
         self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args), loggers))
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir)
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir, self._tasks)
         self.max_model_len = self.engine.model_config.max_model_len
         self.sync_weights(model)
 
@@ -219,9 +222,11 @@ async def _start(args: AsyncEngineArgs, stat_loggers: list[type] | None = None) 
         AsyncLLM.from_engine_args(args)
 
 
-def _shutdown(engine: AsyncLLM | None, loop: EngineLoop, directory: Path) -> None:
+def _shutdown(engine: AsyncLLM | None, loop: EngineLoop, directory: Path, tasks: weakref.WeakSet) -> None:
     if engine is not None:
-        loop.stop()  # the engine's output handler first: it would log the engine process's exit as an error
+        # the engine's output handler first (it would log the engine process's exit as an error), and its rows'
+        # streams: only this engine's tasks, the loop is shared (engine_loop.py)
+        loop.cancel([getattr(engine, "output_handler", None), *list(tasks)])
         try:
             engine.shutdown()
         except Exception:  # already gone: nothing left to release

@@ -6,26 +6,21 @@ write that woke the other thread. On the CPU proxy at batch 128 the two loops' o
 trainer process's 6.8-8.2 CPU-ms a line (docs/results/host_profile.md). On one loop a line is an ``await``.
 
 A caller on another thread (the trainer's main thread: weight sync, sleep and wake) still hands coroutines over
-with ``submit``/``call``. The loop is shared, so stopping the engine cancels only the engine's own tasks (vLLM's
-output handler, its request streams, replrl's row streams), never the kernels' or the episodes'.
+with ``submit``/``call``. The loop is shared (by the kernels, the episodes and every engine of the process), so
+stopping an engine cancels only that engine's own tasks (``cancel``: vLLM's output handler, replrl's row streams);
+vLLM's shutdown ends its client's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
-
-import vllm
 
 from sandbox.sync import loop_thread
 
 _T = TypeVar("_T")
-
-_ENGINE_CODE = (os.path.dirname(vllm.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
-"""Where the engine's tasks' coroutines are defined: vLLM itself, and this package (the rows' streams)."""
 
 
 class EngineLoop:
@@ -52,22 +47,17 @@ class EngineLoop:
             raise RuntimeError("a blocking engine call from the engine's own loop would wait forever: await it")
         return self.submit(coro).result(timeout)
 
-    def stop(self, timeout: float = 10) -> None:
-        """Cancel the engine's tasks on the loop (the loop itself runs on: the kernels and episodes are its too)."""
-        if self.loop.is_running() and not self.here():
+    def cancel(self, tasks: Iterable[asyncio.Future | None], timeout: float = 10) -> None:
+        """Cancel ``tasks`` (an engine's own, on this loop) and wait until they are done; the loop runs on."""
+        tasks = [t for t in tasks if t is not None and not t.done()]
+        if tasks and self.loop.is_running() and not self.here():
             try:
-                self.call(_cancel_engine_tasks(), timeout=timeout)
+                self.call(_cancel(tasks), timeout=timeout)
             except Exception:  # a loop that cannot answer: the engine's process is shut down all the same
                 pass
 
 
-def _is_engine_task(task: asyncio.Task) -> bool:
-    code = getattr(task.get_coro(), "cr_code", None)
-    return code is not None and code.co_filename.startswith(_ENGINE_CODE)
-
-
-async def _cancel_engine_tasks() -> None:
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and _is_engine_task(t)]
+async def _cancel(tasks: list[asyncio.Future]) -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -68,6 +68,7 @@ class _Stream:
         self.timing = timing if timing is not None else dict.fromkeys(TIMING_KEYS, 0.0)
         self._sent = self._done = 0.0  # when the last chunk was handed over, when the last line came out
         self.task = asyncio.ensure_future(self._run(gen, request_id, params))
+        gen._tasks.add(self.task)  # cancelled if the engine shuts down first
 
     async def _inputs(self) -> Any:
         while (chunk := await self.chunks.get()) is not None:
