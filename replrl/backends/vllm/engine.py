@@ -30,6 +30,9 @@ from replrl.types import SamplingParams
 
 _T = TypeVar("_T")
 
+LINE_OUTPUT_INTERVAL = 1 << 20
+"""vLLM's ``stream_interval`` for one output per line: outputs come at a request's first token, every this many
+tokens, and at each line's end; no line is this long."""
 VLLM_DEFAULT_MAX_NUM_SEQS = 128
 """The requests vLLM's engine runs at once when it is started as replrl starts it (``SchedulerConfig``'s default)."""
 
@@ -86,6 +89,11 @@ class VLLMGenerator(WeightSync):
     its request, and its place, while its line runs, so without it rows beyond 128 would wait for whole episodes
     to end. ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are (and win). ``step_stats``: keep vLLM's
     statistics of every engine step in ``step_log`` (a ``StepLog``; for benches: vLLM computes them only then).
+    ``per_token_outputs``: the front end hands each row every sampled token as it comes (vLLM's default), which
+    times a line's first token apart from the rest (``VLLMSession.timing``); by default it hands a row one output
+    per line, at the line's end (vLLM's ``stream_interval`` set past any line: a streaming-input request may not
+    ask for ``FINAL_ONLY``), which spares the trainer's process an output object, a queue hand-over and a wake-up
+    per token.
     """
 
     def __init__(
@@ -104,6 +112,7 @@ class VLLMGenerator(WeightSync):
         max_rows: int | None = None,
         engine_args: dict[str, Any] | None = None,
         step_stats: bool = False,
+        per_token_outputs: bool = False,
     ):
         if sync_transport not in SYNC_TRANSPORTS:
             raise ValueError(f"sync_transport must be one of {', '.join(SYNC_TRANSPORTS)}, not {sync_transport!r}")
@@ -174,7 +183,14 @@ class VLLMGenerator(WeightSync):
         self.step_log = StepLog() if step_stats else None
         if step_stats and "enable_logging_iteration_details" in AsyncEngineArgs.__dataclass_fields__:
             args["enable_logging_iteration_details"] = True  # (vLLM 0.32; older versions report no step details)
+        self.per_token_outputs = bool(per_token_outputs)
+        if not per_token_outputs and "stream_interval" in AsyncEngineArgs.__dataclass_fields__:
+            args["stream_interval"] = LINE_OUTPUT_INTERVAL
+        else:  # (a vLLM without the setting: per-token outputs, as before)
+            self.per_token_outputs = True
         args.update(engine_args or {})
+        if int(args.get("stream_interval", 1)) <= 1:
+            self.per_token_outputs = True
         self._loop = EngineLoop()
         self._tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
         """The tasks of this engine's sessions' row streams (cancelled when it shuts down)."""

@@ -23,7 +23,7 @@ from replrl.types import LineSample, SamplingParams
 if TYPE_CHECKING:
     from replrl.backends.vllm.engine import VLLMGenerator
 
-TIMING_KEYS = ("first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
+TIMING_KEYS = ("line_s", "first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
 """``VLLMSession.timing``'s counters."""
 
 class EngineStopped(BackendError):
@@ -79,6 +79,7 @@ class _Stream:
         tokens: list[int] = []
         logprobs: list[float] = []
         timing, first_at, first_n = self.timing, 0.0, 0
+        per_token = gen.per_token_outputs  # else one output a line (tokens in bulk): no first-token time
         try:
             async for out in gen.engine.generate(self._inputs(), params, request_id=request_id):
                 now = time.perf_counter()
@@ -86,13 +87,16 @@ class _Stream:
                 new = list(completion.token_ids)
                 if not tokens and new:  # the line's first token(s)
                     first_at, first_n = now, len(new)
-                    timing["first_token_s"] += now - self._sent
-                    timing["lines"] += 1
+                    if per_token:
+                        timing["first_token_s"] += now - self._sent
                 tokens += new
                 logprobs += [step[t].logprob for step, t in zip(completion.logprobs or [], new, strict=True)]
                 if completion.finish_reason is not None and tokens:
-                    timing["later_tokens_s"] += now - first_at
-                    timing["later_tokens"] += len(tokens) - first_n
+                    timing["lines"] += 1
+                    timing["line_s"] += now - self._sent
+                    if per_token:
+                        timing["later_tokens_s"] += now - first_at
+                        timing["later_tokens"] += len(tokens) - first_n
                     self._done = now
                     last = tokens[-1]
                     finish = "eos" if last in gen.eos else ("newline" if last in gen.line_end else "length")
@@ -150,11 +154,12 @@ class VLLMSession:
         """Counters: line requests; their transcripts' tokens; of which not computed again (kept in the row's
         request, or found in the prefix cache); tokens sampled; rollbacks, and the context tokens they dropped."""
         self.timing: dict[str, float] = dict.fromkeys(TIMING_KEYS, 0.0)
-        """Where a line's time goes, summed over rows (seconds; kept on the engine's loop): ``first_token_s``,
-        from a line's input handed to the engine to its first sampled token (queueing, prefill, one step), over
-        ``lines``; ``later_tokens_s``, from there to the line's last token, over ``later_tokens`` (so
-        ``later_tokens_s / later_tokens`` is the engine's time per step as a row sees it); ``between_lines_s``,
-        from a line out of the engine to the row's next input (the caller: running the line, and any wait)."""
+        """Where a line's time goes, summed over rows (seconds; kept on the engine's loop): ``line_s``, from a line's
+        input handed to the engine to its last token, over ``lines``; with ``per_token_outputs`` also
+        ``first_token_s``, to its first sampled token (queueing, prefill, one step), and ``later_tokens_s``, from
+        there to the line's last token, over ``later_tokens`` (so ``later_tokens_s / later_tokens`` is the engine's
+        time per step as a row sees it); ``between_lines_s``, from a line out of the engine to the row's next input
+        (the caller: running the line, and any wait)."""
 
     def _params(self, i: int, room: int) -> vllm.SamplingParams:
         row, max_tokens = self._rows[i], min(self.sampling.max_line_tokens, room)
