@@ -101,7 +101,15 @@ from replrl.rollout import build_prompt, code_of, encode, env_token_ids
 from replrl.tasks import load_task
 from replrl.types import SamplingParams
 from sandbox import KernelPool, Limits, run_sync
-from sandbox.hosts import open_pool
+
+try:
+    from sandbox.hosts import open_pool
+except ImportError:  # a commit before the kernel hosts (bench/host_ab.py runs this file at older commits too)
+
+    def open_pool(size: int, limits: Limits, tools: list[str], refill: str, hosts: int) -> KernelPool:
+        if hosts:
+            raise SystemExit("--kernel-hosts: this commit has no kernel hosts (sandbox/hosts.py)")
+        return KernelPool(size=size, limits=limits, tools=tools, refill=refill)
 
 DATA = os.environ.get("REPLRL_GSM8K", "openai/gsm8k")  # a hub id, or a local copy (.jsonl file or directory)
 
@@ -328,6 +336,9 @@ def main() -> None:
                     help="kernels in N kernel-host processes (rollout.kernel_hosts; sandbox/hosts.py): the trainer's "
                          "process sees one message a line; 0 (default): every kernel's traffic in this process. "
                          "With N > 0 only the first --refill mode runs (a host's pool keeps the mode it started with)")
+    ap.add_argument("--per-token-outputs", action="store_true",
+                    help="vLLM hands each row every token as it comes (its default; replrl's is one output a line): "
+                         "times a line's first token apart from the rest")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
                     help="a vLLM engine argument, VALUE as JSON where it parses (repeatable)")
     args = ap.parse_args()
@@ -341,7 +352,8 @@ def main() -> None:
     rows = load_task("gsm8k", data=args.data).rows("test")
     sampling = SamplingParams(max_line_tokens=args.line_tokens, seed=0)
     t0 = time.perf_counter()
-    gens = {"vllm": open_generator(ModelConfig(backend="vllm", vllm=engine_args), model, tokenizer, step_stats=True)}
+    gens = {"vllm": open_generator(ModelConfig(backend="vllm", vllm=engine_args), model, tokenizer, step_stats=True,
+                                   per_token_outputs=args.per_token_outputs)}
     if not args.no_hf:
         gens["hf"] = open_generator(ModelConfig(backend="hf"), model, tokenizer)
     vllm_start = time.perf_counter() - t0
@@ -412,9 +424,13 @@ def main() -> None:
                     fig["vllm_context_reuse_rate"] = round(stats["cached_tokens"] / max(stats["prompt_tokens"], 1), 3)
                     # a line's time inside the engine: to its first token, then per later token (the engine's
                     # step as a row sees it, against plain generation's), and the caller's time between lines
-                    fig |= {"vllm_first_token_ms": round(1000 * timing["first_token_s"] / max(timing["lines"], 1), 1),
+                    # (with one output a line, the default, only the whole line: --per-token-outputs splits it)
+                    split = bool(timing["first_token_s"])
+                    fig |= {"vllm_line_ms": round(1000 * timing.get("line_s", 0.0) / max(timing["lines"], 1), 1),
+                            "vllm_first_token_ms": round(1000 * timing["first_token_s"] / max(timing["lines"], 1), 1)
+                            if split else None,
                             "vllm_line_step_ms": round(1000 * timing["later_tokens_s"]
-                                                       / max(timing["later_tokens"], 1), 2),
+                                                       / max(timing["later_tokens"], 1), 2) if split else None,
                             "vllm_between_lines_ms": round(1000 * timing["between_lines_s"]
                                                            / max(timing["lines"] - b, 1), 1),
                             "vllm_steps_repl": run["steps"]}
@@ -475,8 +491,10 @@ def main() -> None:
                       f"by line requests {fig['vllm_context_reuse_rate']:.2f})")
             plain_step = (f" (plain generation: {fig['vllm_plain_step_ms']:.1f} ms a step)"
                           if "vllm_plain_step_ms" in fig else "")
-            print(f"  vLLM per line: first token {fig['vllm_first_token_ms']:.0f} ms after its input, then a token "
-                  f"every {fig['vllm_line_step_ms']:.1f} ms{plain_step}; {fig['vllm_between_lines_ms']:.0f} ms "
+            split = (f"first token {fig['vllm_first_token_ms']:.0f} ms after its input, then a token every "
+                     f"{fig['vllm_line_step_ms']:.1f} ms" if fig["vllm_first_token_ms"] is not None else
+                     f"{fig['vllm_line_ms']:.0f} ms from its input to its end")
+            print(f"  vLLM per line: {split}{plain_step}; {fig['vllm_between_lines_ms']:.0f} ms "
                   f"from a line out of the engine to the next input")
             rs, ps = fig["vllm_steps_repl"], fig.get("vllm_steps_plain", {})
             if rs.get("steps") and not ps.get("steps"):

@@ -403,10 +403,14 @@ def test_tree_episode_that_ends_before_the_branch_point_is_a_leaf(tree):
 def test_line_timing_from_a_sessions_counters():
     """The vLLM session's counters (summed over waves by RolloutStats.merge) become per-line figures; a backend
     without them adds none."""
-    extra = {"gen_lines": 4.0, "gen_first_token_s": 0.2, "gen_later_tokens": 40.0, "gen_later_tokens_s": 0.8,
-             "gen_prompt_tokens": 1000.0, "gen_cached_tokens": 750.0, "gen_between_lines_s": 0.1}
-    assert line_timing(extra) == pytest.approx(
-        {"time/line_first_token_ms": 50.0, "time/line_token_ms": 20.0, "gen/context_reuse": 0.75})
+    extra = {"gen_lines": 4.0, "gen_line_s": 1.0, "gen_first_token_s": 0.2, "gen_later_tokens": 40.0,
+             "gen_later_tokens_s": 0.8, "gen_prompt_tokens": 1000.0, "gen_cached_tokens": 750.0,
+             "gen_between_lines_s": 0.1}
+    assert line_timing(extra) == pytest.approx({"time/line_ms": 250.0, "time/line_first_token_ms": 50.0,
+                                                "time/line_token_ms": 20.0, "gen/context_reuse": 0.75})
+    # one output a line (the default): the line's time alone, no first-token split
+    assert line_timing({"gen_lines": 4.0, "gen_line_s": 1.0, "gen_first_token_s": 0.0, "gen_later_tokens": 0.0,
+                        "gen_later_tokens_s": 0.0}) == pytest.approx({"time/line_ms": 250.0})
     wave = RolloutStats(wall_s=1.0, extra=dict(extra))
     merged = wave.merge(RolloutStats(wall_s=1.0, extra={**extra, "gen_lines": 6.0, "gen_first_token_s": 0.8}))
     assert merged.extra["gen_lines"] == 10.0

@@ -115,12 +115,15 @@ def speculation_stats(extra: dict[str, float]) -> dict[str, float]:
 
 def line_timing(extra: dict[str, float]) -> dict[str, float]:
     """Where a line's time went in the engine, from a session's counters (the vLLM backend's ``timing`` and
-    ``stats``, summed over the rollout): ``time/line_first_token_ms``, from a line's input to its first token;
-    ``time/line_token_ms``, per later token (the engine's step as a row sees it); ``gen/context_reuse``, the share
-    of line requests' transcripts not computed again. Empty for a backend without them."""
+    ``stats``, summed over the rollout): ``time/line_ms``, from a line's input to its last token; with per-token
+    outputs ``time/line_first_token_ms``, to its first token, and ``time/line_token_ms``, per later token (the
+    engine's step as a row sees it); ``gen/context_reuse``, the share of line requests' transcripts not computed
+    again. Empty for a backend without them."""
     out: dict[str, float] = {}
-    if extra.get("gen_lines"):
-        out["time/line_first_token_ms"] = 1000 * extra.get("gen_first_token_s", 0.0) / extra["gen_lines"]
+    if extra.get("gen_lines") and extra.get("gen_line_s"):
+        out["time/line_ms"] = 1000 * extra["gen_line_s"] / extra["gen_lines"]
+    if extra.get("gen_lines") and extra.get("gen_first_token_s"):
+        out["time/line_first_token_ms"] = 1000 * extra["gen_first_token_s"] / extra["gen_lines"]
     if extra.get("gen_later_tokens"):
         out["time/line_token_ms"] = 1000 * extra.get("gen_later_tokens_s", 0.0) / extra["gen_later_tokens"]
     if extra.get("gen_prompt_tokens"):

@@ -39,7 +39,22 @@ def code_of(text: str) -> str:
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=False)``. For a fast tokenizer in its plain state (no truncation,
+    padding or special-token splitting set) that is one call of its Rust tokenizer, made here directly: transformers'
+    wrapper around it cost 2-3x the call itself, and it runs for every line's output (bench/tokenize_line.py)."""
+    rust = getattr(tokenizer, "_tokenizer", None)
+    if rust is not None and _plain(tokenizer, rust):
+        return rust.encode(text, add_special_tokens=False).ids
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _plain(tokenizer: Any, rust: Any) -> bool:
+    """Whether ``tokenizer.encode`` would leave ``rust`` as it is and call its ``encode_batch`` alone."""
+    try:
+        return (not getattr(tokenizer, "split_special_tokens", False) and not rust.encode_special_tokens
+                and rust.truncation is None and rust.padding is None)
+    except AttributeError:  # another kind of tokenizer object: its own encode
+        return False
 
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:

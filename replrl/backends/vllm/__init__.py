@@ -77,9 +77,9 @@ from replrl.backends.vllm.engine import (  # noqa: E402
     VLLM_DEFAULT_MAX_NUM_SEQS,
     VLLMGenerator,
     _check_cpu_head_size,
-    _LoopThread,
     step_logger_class,
 )
+from replrl.backends.vllm.engine_loop import EngineLoop  # noqa: E402
 from replrl.backends.vllm.line_rule import LINE_RULE_KEY, MASKS_FILE, LineRuleLogitsProcessor  # noqa: E402
 from replrl.backends.vllm.session import TIMING_KEYS, EngineStopped, VLLMSession, _Row, _Stream  # noqa: E402
 from replrl.backends.vllm.weights import (  # noqa: E402
@@ -102,7 +102,7 @@ from replrl.backends.vllm.weights import (  # noqa: E402
 __all__ = [
     "LINE_RULE_KEY", "MASKS_FILE", "SYNC_TRANSPORTS", "TIMING_KEYS", "VLLM_DEFAULT_MAX_NUM_SEQS", "CudaWeights",
     "EngineStopped", "FlatWeights", "LineRuleLogitsProcessor", "SharedWeights", "StepLog", "VLLMGenerator",
-    "VLLMSession", "WeightSync", "WeightSyncExtension", "WeightSyncTimeout", "WeightTable", "_LoopThread", "_Row",
+    "VLLMSession", "WeightSync", "WeightSyncExtension", "WeightSyncTimeout", "WeightTable", "EngineLoop", "_Row",
     "_Stream", "_check_cpu_head_size", "_unflatten", "hf_weights", "merged", "pack_weights",
     "remove_stale_weight_files", "step_logger_class", "weight_table", "vllm",
 ]

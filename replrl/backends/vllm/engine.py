@@ -1,4 +1,5 @@
-"""``VLLMGenerator``: vLLM's async engine started from a transformers model, on its own event loop thread; its
+"""``VLLMGenerator``: vLLM's async engine started from a transformers model, on the sandbox's loop thread
+(``engine_loop.py``: the episodes and kernels run there too); its
 sessions (``session.py``), its weight sync (``weights.py``, mixed in) and its line rule (``line_rule.py``)."""
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ import inspect
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Coroutine
@@ -21,6 +21,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from replrl.backends import BackendError
 from replrl.backends.step_log import StepLog
+from replrl.backends.vllm.engine_loop import EngineLoop
 from replrl.backends.vllm.line_rule import MASKS_FILE, LineRuleLogitsProcessor
 from replrl.backends.vllm.session import EngineStopped, VLLMSession
 from replrl.backends.vllm.weights import SYNC_TRANSPORTS, FlatWeights, WeightSync, WeightSyncExtension
@@ -29,6 +30,9 @@ from replrl.types import SamplingParams
 
 _T = TypeVar("_T")
 
+LINE_OUTPUT_INTERVAL = 1 << 20
+"""vLLM's ``stream_interval`` for one output per line: outputs come at a request's first token, every this many
+tokens, and at each line's end; no line is this long."""
 VLLM_DEFAULT_MAX_NUM_SEQS = 128
 """The requests vLLM's engine runs at once when it is started as replrl starts it (``SchedulerConfig``'s default)."""
 
@@ -68,39 +72,6 @@ def step_logger_class(log: StepLog) -> type:
 
 
 
-class _LoopThread:
-    """A private event loop on a daemon thread: the engine's home."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="replrl-vllm", daemon=True)
-        self.thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, _T]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
-        return self.submit(coro).result(timeout)
-
-    def stop(self) -> None:
-        """Cancel what still runs on the loop (e.g. the engine's output handler), then stop the thread."""
-        if self.loop.is_running():
-            try:
-                self.call(_cancel_others(), timeout=10)
-            except Exception:  # a loop that cannot answer is stopped all the same
-                pass
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
-
-
-async def _cancel_others() -> None:
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-
 class VLLMGenerator(WeightSync):
     """Generator over vLLM's async engine, started from a transformers model (see the module docstring).
 
@@ -118,6 +89,11 @@ class VLLMGenerator(WeightSync):
     its request, and its place, while its line runs, so without it rows beyond 128 would wait for whole episodes
     to end. ``engine_args`` go to vLLM's ``AsyncEngineArgs`` as they are (and win). ``step_stats``: keep vLLM's
     statistics of every engine step in ``step_log`` (a ``StepLog``; for benches: vLLM computes them only then).
+    ``per_token_outputs``: the front end hands each row every sampled token as it comes (vLLM's default), which
+    times a line's first token apart from the rest (``VLLMSession.timing``); by default it hands a row one output
+    per line, at the line's end (vLLM's ``stream_interval`` set past any line: a streaming-input request may not
+    ask for ``FINAL_ONLY``), which spares the trainer's process an output object, a queue hand-over and a wake-up
+    per token.
     """
 
     def __init__(
@@ -136,6 +112,7 @@ class VLLMGenerator(WeightSync):
         max_rows: int | None = None,
         engine_args: dict[str, Any] | None = None,
         step_stats: bool = False,
+        per_token_outputs: bool = False,
     ):
         if sync_transport not in SYNC_TRANSPORTS:
             raise ValueError(f"sync_transport must be one of {', '.join(SYNC_TRANSPORTS)}, not {sync_transport!r}")
@@ -206,13 +183,22 @@ class VLLMGenerator(WeightSync):
         self.step_log = StepLog() if step_stats else None
         if step_stats and "enable_logging_iteration_details" in AsyncEngineArgs.__dataclass_fields__:
             args["enable_logging_iteration_details"] = True  # (vLLM 0.32; older versions report no step details)
+        self.per_token_outputs = bool(per_token_outputs)
+        if not per_token_outputs and "stream_interval" in AsyncEngineArgs.__dataclass_fields__:
+            args["stream_interval"] = LINE_OUTPUT_INTERVAL
+        else:  # (a vLLM without the setting: per-token outputs, as before)
+            self.per_token_outputs = True
         args.update(engine_args or {})
-        self._loop = _LoopThread()
-        self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir)
+        if int(args.get("stream_interval", 1)) <= 1:
+            self.per_token_outputs = True
+        self._loop = EngineLoop()
+        self._tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+        """The tasks of this engine's sessions' row streams (cancelled when it shuts down)."""
+        self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir, self._tasks)
         loggers = [step_logger_class(self.step_log)] if self.step_log is not None else None
         self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args), loggers))
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir)
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir, self._tasks)
         self.max_model_len = self.engine.model_config.max_model_len
         self.sync_weights(model)
 
@@ -252,16 +238,13 @@ async def _start(args: AsyncEngineArgs, stat_loggers: list[type] | None = None) 
         AsyncLLM.from_engine_args(args)
 
 
-def _shutdown(engine: AsyncLLM | None, loop: _LoopThread, directory: Path) -> None:
+def _shutdown(engine: AsyncLLM | None, loop: EngineLoop, directory: Path, tasks: weakref.WeakSet) -> None:
     if engine is not None:
-        try:  # the engine's output handler first: it would log the engine process's exit as an error
-            if loop.loop.is_running():
-                loop.call(_cancel_others(), timeout=10)
-        except Exception:  # a loop that cannot answer is stopped below all the same
-            pass
+        # the engine's output handler first (it would log the engine process's exit as an error), and its rows'
+        # streams: only this engine's tasks, the loop is shared (engine_loop.py)
+        loop.cancel([getattr(engine, "output_handler", None), *list(tasks)])
         try:
             engine.shutdown()
         except Exception:  # already gone: nothing left to release
             pass
-    loop.stop()
     shutil.rmtree(directory, ignore_errors=True)

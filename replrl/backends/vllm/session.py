@@ -23,7 +23,7 @@ from replrl.types import LineSample, SamplingParams
 if TYPE_CHECKING:
     from replrl.backends.vllm.engine import VLLMGenerator
 
-TIMING_KEYS = ("first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
+TIMING_KEYS = ("line_s", "first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
 """``VLLMSession.timing``'s counters."""
 
 class EngineStopped(BackendError):
@@ -45,6 +45,12 @@ class _Row:
     finished: bool = False
     restarts: int = 0
     """Rollbacks so far: each ends the row's request; the next line starts a new one (its own id and seed)."""
+    params: Any = None
+    """The row's ``vllm.SamplingParams``, built once per request and reused while ``max_tokens`` holds (building one
+    with the 1,467 stop ids cost 0.2 CPU-ms a line). vLLM copies it shallowly per chunk (``skip_clone``) and its
+    request path only adds the model's EOS ids to the shared stop set, which holds them already."""
+    params_for: tuple[int, int] = (-1, -1)
+    """The (restarts, max_tokens) ``params`` was built for (the seed depends on the restarts)."""
 
 
 class _Stream:
@@ -62,6 +68,7 @@ class _Stream:
         self.timing = timing if timing is not None else dict.fromkeys(TIMING_KEYS, 0.0)
         self._sent = self._done = 0.0  # when the last chunk was handed over, when the last line came out
         self.task = asyncio.ensure_future(self._run(gen, request_id, params))
+        gen._tasks.add(self.task)  # cancelled if the engine shuts down first
 
     async def _inputs(self) -> Any:
         while (chunk := await self.chunks.get()) is not None:
@@ -72,6 +79,7 @@ class _Stream:
         tokens: list[int] = []
         logprobs: list[float] = []
         timing, first_at, first_n = self.timing, 0.0, 0
+        per_token = gen.per_token_outputs  # else one output a line (tokens in bulk): no first-token time
         try:
             async for out in gen.engine.generate(self._inputs(), params, request_id=request_id):
                 now = time.perf_counter()
@@ -79,13 +87,16 @@ class _Stream:
                 new = list(completion.token_ids)
                 if not tokens and new:  # the line's first token(s)
                     first_at, first_n = now, len(new)
-                    timing["first_token_s"] += now - self._sent
-                    timing["lines"] += 1
+                    if per_token:
+                        timing["first_token_s"] += now - self._sent
                 tokens += new
                 logprobs += [step[t].logprob for step, t in zip(completion.logprobs or [], new, strict=True)]
                 if completion.finish_reason is not None and tokens:
-                    timing["later_tokens_s"] += now - first_at
-                    timing["later_tokens"] += len(tokens) - first_n
+                    timing["lines"] += 1
+                    timing["line_s"] += now - self._sent
+                    if per_token:
+                        timing["later_tokens_s"] += now - first_at
+                        timing["later_tokens"] += len(tokens) - first_n
                     self._done = now
                     last = tokens[-1]
                     finish = "eos" if last in gen.eos else ("newline" if last in gen.line_end else "length")
@@ -143,23 +154,30 @@ class VLLMSession:
         """Counters: line requests; their transcripts' tokens; of which not computed again (kept in the row's
         request, or found in the prefix cache); tokens sampled; rollbacks, and the context tokens they dropped."""
         self.timing: dict[str, float] = dict.fromkeys(TIMING_KEYS, 0.0)
-        """Where a line's time goes, summed over rows (seconds; kept on the engine's loop): ``first_token_s``,
-        from a line's input handed to the engine to its first sampled token (queueing, prefill, one step), over
-        ``lines``; ``later_tokens_s``, from there to the line's last token, over ``later_tokens`` (so
-        ``later_tokens_s / later_tokens`` is the engine's time per step as a row sees it); ``between_lines_s``,
-        from a line out of the engine to the row's next input (the caller: running the line, and any wait)."""
+        """Where a line's time goes, summed over rows (seconds; kept on the engine's loop): ``line_s``, from a line's
+        input handed to the engine to its last token, over ``lines``; with ``per_token_outputs`` also
+        ``first_token_s``, to its first sampled token (queueing, prefill, one step), and ``later_tokens_s``, from
+        there to the line's last token, over ``later_tokens`` (so ``later_tokens_s / later_tokens`` is the engine's
+        time per step as a row sees it); ``between_lines_s``, from a line out of the engine to the row's next input
+        (the caller: running the line, and any wait)."""
 
     def _params(self, i: int, room: int) -> vllm.SamplingParams:
+        row, max_tokens = self._rows[i], min(self.sampling.max_line_tokens, room)
+        if row.params_for != (row.restarts, max_tokens):
+            row.params, row.params_for = self._new_params(i, max_tokens), (row.restarts, max_tokens)
+        return row.params
+
+    def _new_params(self, i: int, max_tokens: int) -> vllm.SamplingParams:
         s = self.sampling
         # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it (a request
         # after a rollback: a stream of its own)
         seed = None if s.seed is None else row_seed(s.seed, i, self._rows[i].restarts)
         return vllm.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
-            max_tokens=min(s.max_line_tokens, room), logprobs=0, detokenize=False,
+            max_tokens=max_tokens, logprobs=0, detokenize=False,
             stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
             logit_bias=self._gen.logit_bias, extra_args={LINE_RULE_KEY: True},
-            # made for this one line's request: vLLM need not deep-copy it (with the 1,467 stop ids that copy was
+            # made for this row's request: vLLM need not deep-copy it (with the 1,467 stop ids that copy was
             # 1.6 of the trainer process's 8-10 CPU-ms a line, docs/results/host_profile.md)
             skip_clone=True,
         )
@@ -180,9 +198,9 @@ class VLLMSession:
         chunk = row.ids[row.sent:]
         request_id = f"{self._name}-{i}" + (f"-r{row.restarts}" if row.restarts else "")
         restarts = row.restarts
-        row.future = future = self._gen._loop.submit(self._line(row, request_id, chunk, params))
+        row.future = future = self._start(self._line(row, request_id, chunk, params))
         try:
-            sample, cached = await asyncio.wrap_future(future)
+            sample, cached = await _wait(future)
         except asyncio.CancelledError:
             if self._closed:
                 raise RuntimeError("session closed") from None
@@ -237,7 +255,7 @@ class VLLMSession:
         if future is not None:
             future.cancel()  # its _line aborts the request on the engine's loop
         if stream is not None:  # gone from the engine before the row's next request
-            await asyncio.wrap_future(self._gen._loop.submit(stream.abort()))
+            await _wait(self._start(stream.abort()))
 
     def finish(self, i: int) -> None:
         row = self._rows[i]
@@ -245,7 +263,7 @@ class VLLMSession:
         if row.future is not None:
             row.future.cancel()  # aborts the request in the engine
         elif row.stream is not None:
-            self._gen._loop.submit(row.stream.close())
+            self._start(row.stream.close())
 
     async def aclose(self) -> None:
         self._closed = True
@@ -254,7 +272,24 @@ class VLLMSession:
                 row.future.cancel()
         streams = [row.stream for row in self._rows if row.stream is not None]
         if streams:
-            await asyncio.wrap_future(self._gen._loop.submit(_close_all(streams)))
+            await _wait(self._start(_close_all(streams)))
+
+    def _start(self, coro: Any) -> Any:
+        """Run ``coro`` on the engine's loop: a task when the caller is on it (the episodes are, under
+        ``sandbox.run_sync``: engine_loop.py), else a concurrent future handed over to it."""
+        if self._gen._loop.here():
+            task = asyncio.ensure_future(coro)
+            _running.add(task)  # held until done (the loop keeps only weak references to tasks)
+            task.add_done_callback(_running.discard)
+            return task
+        return self._gen._loop.submit(coro)
+
+
+_running: set[asyncio.Task] = set()
+
+
+async def _wait(future: Any) -> Any:
+    return await (future if isinstance(future, asyncio.Future) else asyncio.wrap_future(future))
 
 
 async def _close_all(streams: list[_Stream]) -> None:
