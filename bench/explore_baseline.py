@@ -31,7 +31,8 @@ from programs_baseline import _code_version, _limits, figures, resumed, run_cell
 
 from replrl.api import load_config  # noqa: E402
 from replrl.cli import run_script  # noqa: E402
-from replrl.evaluation import split_rows, task_from_config  # noqa: E402
+from replrl.evaluation import split_rows  # noqa: E402
+from replrl.tasks import task_from_config  # noqa: E402
 from replrl.types import Trajectory  # noqa: E402
 
 MODELS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")

@@ -137,7 +137,6 @@ def random_policy(cfg, seed: int = 0, checkpoint=None):  # noqa: ANN001  (replrl
 
 def one_case(name: str, args: argparse.Namespace) -> dict:
     import replrl.trainer as trainer_module
-    from replrl.backends import sleep_generator, wake_generator
     from replrl.config import Config
     from replrl.configlib import resolve
 
@@ -177,10 +176,10 @@ def one_case(name: str, args: argparse.Namespace) -> dict:
         def step(asleep: bool) -> float:
             t = time.perf_counter()
             if asleep:
-                sleep_generator(trainer.generator)
+                trainer.generator.sleep()
             trainer.update(batch, adv)
             if asleep:
-                wake_generator(trainer.generator)
+                trainer.generator.wake()
             trainer.generator.sync_weights(trainer.model)
             if cuda:
                 torch.cuda.synchronize()
@@ -199,9 +198,8 @@ def one_case(name: str, args: argparse.Namespace) -> dict:
                 out[f"device_peak_gib_{key}"] = round(sampler.peak / 2**30, 2)
         if sampler:
             sampler.stop.set()
-        from replrl.backends import close_generator
 
-        close_generator(trainer.generator)
+        trainer.generator.close()
     return out
 
 

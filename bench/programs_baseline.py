@@ -31,9 +31,10 @@ from typing import Any
 
 from replrl.api import load_config
 from replrl.cli import run_script
-from replrl.evaluation import split_rows, task_from_config
+from replrl.evaluation import split_rows
 from replrl.rewards import SYNTAX_ERRORS
 from replrl.rollout import open_env, rollout, summarize
+from replrl.tasks import task_from_config
 from replrl.types import Trajectory
 from replrl.viewer import load_jsonl, save_jsonl
 from sandbox import run_sync

@@ -55,12 +55,17 @@ class ReplaySession:
 
     def __init__(self, line_ids: list[list[int]], rows: int):
         self.line_ids, self.pos = line_ids, [0] * rows
+        self.stats: dict[str, float] = {}
+        self.timing: dict[str, float] = {}
 
     async def next_line(self, i: int, env_ids: list[int]) -> LineSample:
         ids = self.line_ids[min(self.pos[i], len(self.line_ids) - 1)]
         self.pos[i] += 1
         await asyncio.sleep(0)  # a real backend's await: let the other rows run
         return LineSample(list(ids), [0.0] * len(ids), "newline")
+
+    async def rollback(self, i: int, length: int) -> None:
+        raise NotImplementedError("the replay generator does not speculate")
 
     def finish(self, i: int) -> None:
         pass
@@ -72,15 +77,22 @@ class ReplaySession:
 class ReplayGenerator:
     """The Generator protocol over ReplaySession: the rollout loop with generation taken out."""
 
+    own_weights = False
+    last_sync_transport = ""
+
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.line_ids = [encode(tokenizer, line_text(code)) for code in SCRIPT]
+        self.version = 0
 
     def session(self, prompts: list[list[int]], sampling: SamplingParams) -> ReplaySession:
         return ReplaySession(self.line_ids, len(prompts))
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
+        self.version = self.version + 1 if version is None else version
+
+    def close(self) -> None:
         pass
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from proxy_model import proxy_dir  # bench/, next to this script: the CPU proxy
 
-from replrl.backends import close_generator, open_generator
+from replrl.backends import open_generator
 from replrl.backends.hf import GEN_THREADS
 from replrl.config import Config, ModelConfig, RolloutConfig
 from replrl.models import load_model_and_tokenizer
@@ -135,7 +135,7 @@ def main() -> None:
                 with open_env(cfg, pool_size=args.batch, generator=gen, task=task) as env:
                     fig = run_pair(env, rows, sampling, args.repeats)
             finally:
-                close_generator(gen)
+                gen.close()
             figures[f"{backend}/{name}"] = fig
             print(f"{backend:5s} {name:24s} off {fig['off_wall_s']:7.2f} s  on {fig['on_wall_s']:7.2f} s  "
                   f"ratio {fig['wall_ratio_on_off']:.3f} (per token {fig['per_token_ratio_on_off']:.3f})  "

@@ -30,8 +30,9 @@ from typing import Any
 from replrl.advantages import batch_tensors, compute_advantages
 from replrl.api import load_config
 from replrl.cli import run_script
-from replrl.evaluation import split_rows, task_from_config
+from replrl.evaluation import split_rows
 from replrl.rollout import open_env, rollout, state_stats
+from replrl.tasks import task_from_config
 from replrl.types import Trajectory
 from replrl.viewer import save_jsonl
 from sandbox import Kernel, Limits, run_sync

@@ -37,9 +37,9 @@ import time
 from replrl.cli import run_script
 from replrl.config import Config
 from replrl.configlib import resolve
-from replrl.evaluation import task_from_config
 from replrl.repl import ReplSession
 from replrl.rollout import Env, TreeShape, open_env, rollout
+from replrl.tasks import task_from_config
 from sandbox import run_sync
 from sandbox.protocols import Pool
 
