@@ -727,7 +727,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         record = run_replrl(args, out) if args.side == "replrl" else run_trl(args, out)
         (out / f"{args.side}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-        return 0
+        # A TRL child whose tool loop had used kernels did not exit after writing its record (once, 2026-11-29: >5 min
+        # at interpreter shutdown, its pool already closed); the record is on disk and the pool closed: leave now
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     if "trl" in args.sides:
         try:
