@@ -282,8 +282,8 @@ def host_figures(name: str, run: dict[str, Any], b: int) -> dict[str, Any]:
 
 
 HOST_KEYS = ("host_cpu_ms_per_line", "host_cpu_ms_per_model_token", "host_cpu_cores", "cpu_host_s", "cpu_kernels_s",
-             "cpu_engine_s", "kernels_cpu_ms_per_line", "engine_cpu_ms_per_line", "lines", "model_tokens",
-             "repl_s", "exec_ms", "exec_vs_idle_ratio", "loadavg", "host_cpu_s_by_thread")
+             "cpu_hosts_s", "cpu_engine_s", "kernels_cpu_ms_per_line", "engine_cpu_ms_per_line", "lines",
+             "model_tokens", "repl_s", "exec_ms", "exec_vs_idle_ratio", "loadavg", "host_cpu_s_by_thread")
 """Each backend's figures that ``host_by_batch`` gathers (with the prefix ``NAME_``)."""
 
 
