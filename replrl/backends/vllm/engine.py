@@ -183,14 +183,10 @@ class VLLMGenerator(WeightSync):
         self.step_log = StepLog() if step_stats else None
         if step_stats and "enable_logging_iteration_details" in AsyncEngineArgs.__dataclass_fields__:
             args["enable_logging_iteration_details"] = True  # (vLLM 0.32; older versions report no step details)
-        self.per_token_outputs = bool(per_token_outputs)
         if not per_token_outputs and "stream_interval" in AsyncEngineArgs.__dataclass_fields__:
-            args["stream_interval"] = LINE_OUTPUT_INTERVAL
-        else:  # (a vLLM without the setting: per-token outputs, as before)
-            self.per_token_outputs = True
+            args["stream_interval"] = LINE_OUTPUT_INTERVAL  # (a vLLM without the setting: per-token outputs)
         args.update(engine_args or {})
-        if int(args.get("stream_interval", 1)) <= 1:
-            self.per_token_outputs = True
+        self.per_token_outputs = int(args.get("stream_interval", 1)) <= 1
         self._loop = EngineLoop()
         self._tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
         """The tasks of this engine's sessions' row streams (cancelled when it shuts down)."""
