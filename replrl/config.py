@@ -306,12 +306,13 @@ class RolloutConfig:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_line_tokens=self.max_line_tokens, seed=self.seed if seed is None else seed)
 
-    def kernel_pool(self, size: int, tools, limits=None):
+    def kernel_pool(self, size: int, tools, limits=None, post=None):
         """The kernel pool of ``size`` kernels for this config (not started): in the trainer's process or in
-        kernel-host processes (``kernel_hosts``), with ``kernel_refill``."""
+        kernel-host processes (``kernel_hosts``), with ``kernel_refill``; ``post``: the hosts' post-processor, or
+        a function giving it (called only where there are hosts)."""
         from sandbox.hosts import open_pool
 
-        return open_pool(size, limits or self.limits(), tools, self.kernel_refill, self.kernel_hosts)
+        return open_pool(size, limits or self.limits(), tools, self.kernel_refill, self.kernel_hosts, post)
 
     def limits(self):
         from sandbox import Limits

@@ -70,6 +70,7 @@ from .provenance import record_environment
 from .ranks import Ranks
 from .rewards import RewardModel
 from .rollout import Env, EpisodeRules, TreeShape, summarize
+from .rollout.host_splice import post_spec
 from .tasks import task_from_config
 from .types import SamplingParams, Trajectory
 
@@ -349,7 +350,7 @@ class Trainer:
         limits = dataclasses.replace(cfg.rollout.limits(),
                                      uid_base=70000 + 20000 * self.accelerator.local_process_index)
         pool = run_sync(cfg.rollout.kernel_pool(cfg.rollout.group_size * local_problems, self.task.tools,
-                                                limits).start())
+                                                limits, post=lambda: post_spec(self.tokenizer)).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
         try:
             if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .host_protocol import ProtocolError, encode, limits_from_data, read_message, result_to_data
@@ -35,6 +37,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def load_post(spec: Any) -> Callable[[ExecResult], Any]:
+    """The post-processor of an open request's ``post``: ``["module:callable", {arguments}]``, built once."""
+    path, kwargs = spec
+    module, _, name = str(path).partition(":")
+    return getattr(importlib.import_module(module), name)(**dict(kwargs))
+
+
 class Host:
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
@@ -42,6 +51,7 @@ class Host:
         self.leases: dict[int, tuple[Any, Kernel]] = {}
         self.next_lease = 0
         self.tasks: set[asyncio.Task] = set()
+        self.post: Callable[[ExecResult], Any] | None = None
 
     def reply(self, msg: dict) -> None:
         if not self.writer.transport.is_closing():
@@ -56,6 +66,11 @@ class Host:
         self.pool = KernelPool(size=int(msg["size"]), limits=limits_from_data(msg["limits"]),
                                tools=[str(t) for t in msg.get("tools", [])], refill=msg.get("refill", "idle"),
                                max_boots=msg.get("max_boots"))
+        if msg.get("post"):
+            try:
+                self.post = load_post(msg["post"])
+            except Exception:  # an optimisation only: the trainer does the work itself
+                logging.getLogger(__name__).exception("kernel host: no post-processor %r", msg["post"])
         await self.pool.start()
         self.reply({"ok": True, "stats": self.stats()})
 
@@ -74,7 +89,13 @@ class Host:
                 _, kernel = self.leases[msg["lease"]]
                 result = await kernel.execute(msg["code"], mode=msg.get("mode", "exec"), timeout=msg.get("timeout"),
                                               digest=bool(msg.get("digest")))
-                self.reply({"id": rid, "result": result_to_data(result)})
+                data = result_to_data(result)
+                if self.post is not None:
+                    try:
+                        data["post"] = self.post(result)
+                    except Exception:  # the result goes on without it (the trainer does the work itself)
+                        logging.getLogger(__name__).exception("kernel host: the post-processor failed")
+                self.reply({"id": rid, "result": data})
             elif op == "stats":
                 self.reply({"id": rid, "stats": self.stats()})
             elif op == "release":

@@ -5,13 +5,18 @@ budgets and checks of ``zmtp.py`` and ``reply.py``, interrupts and replacements.
 these messages, each a length-prefixed JSON object over one unix socket per host:
 
     trainer -> host                                           host -> trainer
-    {"op": "open", "size", "limits", "tools", "refill"}       {"ok": true, "stats"} | {"error": why}
+    {"op": "open", "size", "limits", "tools", "refill",       {"ok": true, "stats"} | {"error": why}
+     "post"}
     {"id", "op": "acquire"}                                   {"id", "lease", "stats"} | {"id", "error"}
-    {"id", "op": "execute", "lease", "code", "mode",          {"id", "result": ExecResult as data}
-     "timeout", "digest"}
+    {"id", "op": "execute", "lease", "code", "mode",          {"id", "result": ExecResult as data, its "post"
+     "timeout", "digest"}                                      the post-processor's data or null}
     {"id", "op": "release", "lease"}                          {"id", "stats"}
     {"id", "op": "stats"}                                     {"id", "stats"}: boots, warm, in use
     {"op": "close"}                                           (the host closes its pool and exits)
+
+``post`` (optional): ``["module:callable", {arguments}]``, a post-processor the host builds once at open and calls
+on every result it sends, in the host (the rollout side's: ``replrl.rollout.host_splice`` tokenizes the output
+there); what it returns travels as the result's ``post``, and the side that asked for it checks it.
 
 Requests carry plain data only (no pickle: nothing in a message can run code on either side), and the trainer
 checks each result's types and sizes again (``result_from_data``), so a kernel host is held to the same rules as a
@@ -41,8 +46,9 @@ class ProtocolError(Exception):
 
 def max_frame(limits: Limits) -> int:
     """The largest message a host may send for ``limits``: a result with ``max_output_bytes`` characters of
-    output at 6 JSON bytes each (a control character as ``\\u0001``), tool calls, digest and headers."""
-    return 2**20 + 6 * limits.max_output_bytes
+    output at 6 JSON bytes each (a control character as ``\\u0001``), tool calls, digest and headers, and a
+    post-processor's data about as large again (a token id a character, 7 bytes each)."""
+    return 2**20 + 13 * limits.max_output_bytes
 
 
 def encode(msg: dict) -> bytes:

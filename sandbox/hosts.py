@@ -18,7 +18,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from . import host_protocol as hp
@@ -67,7 +67,7 @@ class _Host:
         limit = hp.max_frame(self.pool.limits)
         self._writer.write(hp.encode({"op": "open", "size": self.share, "limits": hp.limits_to_data(self.pool.limits),
                                       "tools": list(self.pool.tools), "refill": self.pool.refill,
-                                      "max_boots": self.pool.max_boots}))
+                                      "max_boots": self.pool.max_boots, "post": self.pool.post}))
         try:
             first = await asyncio.wait_for(hp.read_message(reader, limit), START_TIMEOUT_S)
         except (asyncio.TimeoutError, hp.ProtocolError) as err:
@@ -190,7 +190,10 @@ class HostedKernel:
             msg = await self.host.call({"op": "execute", "lease": self.lease, "code": code, "mode": mode,
                                         "timeout": timeout, "digest": digest},
                                        wall + self.limits.interrupt_grace_s + SLACK_S)
-            return hp.result_from_data(msg.get("result"), self.tools, self.limits.max_output_bytes)
+            data = msg.get("result")
+            result = hp.result_from_data(data, self.tools, self.limits.max_output_bytes)
+            result.post = data.get("post")  # checked by whoever asked for it (HostedPool's post)
+            return result
         except (HostLost, Malformed) as err:
             if isinstance(err, Malformed) and self.host is not None:
                 self.host.kill(f"it sent a malformed result ({err})")
@@ -211,10 +214,15 @@ class HostedPool:
     """``KernelPool``'s protocol, served by ``hosts`` kernel-host processes (see the module docstring)."""
 
     def __init__(self, size: int = 4, limits: Limits | None = None, tools: Sequence[str] = (),
-                 refill: str = "idle", max_boots: int | None = None, hosts: int = 2):
+                 refill: str = "idle", max_boots: int | None = None, hosts: int = 2,
+                 post: tuple[str, dict] | Callable[[], tuple[str, dict] | None] | None = None):
         if size < 1 or hosts < 1:
             raise ValueError("HostedPool size and hosts must be >= 1")
         self.size, self.limits, self.tools, self.refill = size, limits or Limits(), tuple(tools), refill
+        post = post() if callable(post) else post
+        self.post = list(post) if post else None
+        """``["module:callable", {arguments}]``: a post-processor each host builds once and calls on every result,
+        its data the result's ``post`` (``host_protocol.py``; the rollout side's tokenizes a line's output there)."""
         self.isolation = self.limits.resolve_isolation()
         self.n_hosts = min(hosts, size)
         self.max_boots = max_boots or max(1, math.ceil(max(2, os.cpu_count() or 2) / self.n_hosts))
@@ -344,10 +352,10 @@ def auto_hosts(cpus: int | None = None) -> int:
 
 
 def open_pool(size: int, limits: Limits, tools: Sequence[str] = (), refill: str = "idle",
-              hosts: int = -1) -> KernelPool | HostedPool:
+              hosts: int = -1, post: Any = None) -> KernelPool | HostedPool:
     """The pool for ``hosts`` (-1: ``auto_hosts()``; 0: a ``KernelPool`` in this process; N: a ``HostedPool`` of N
-    hosts), not started: ``await pool.start()`` or ``async with``."""
+    hosts, ``post`` its post-processor), not started: ``await pool.start()`` or ``async with``."""
     hosts = auto_hosts() if hosts < 0 else hosts
     if hosts == 0:
         return KernelPool(size=size, limits=limits, tools=tools, refill=refill)  # type: ignore[arg-type]
-    return HostedPool(size=size, limits=limits, tools=tools, refill=refill, hosts=hosts)
+    return HostedPool(size=size, limits=limits, tools=tools, refill=refill, hosts=hosts, post=post)

@@ -17,6 +17,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from replrl.backends import BackendError
 from replrl.backends.vllm.line_rule import LINE_RULE_KEY
+from replrl.backends.vllm.line_stop import LINE_STOP_KEY
 from replrl.contract import row_seed
 from replrl.types import LineSample, SamplingParams
 
@@ -172,11 +173,13 @@ class VLLMSession:
         # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it (a request
         # after a rollback: a stream of its own)
         seed = None if s.seed is None else row_seed(s.seed, i, self._rows[i].restarts)
+        stops = self._gen.line_stops  # a set in the engine's scheduler (line_stop.py), or the list
         return vllm.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
             max_tokens=max_tokens, logprobs=0, detokenize=False,
-            stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
-            logit_bias=self._gen.logit_bias, extra_args={LINE_RULE_KEY: True},
+            stop_token_ids=None if stops else self._gen.stop_ids, skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA, logit_bias=self._gen.logit_bias,
+            extra_args={LINE_RULE_KEY: True, LINE_STOP_KEY: stops} if stops else {LINE_RULE_KEY: True},
             # made for this row's request: vLLM need not deep-copy it (with the 1,467 stop ids that copy was
             # 1.6 of the trainer process's 8-10 CPU-ms a line, docs/results/host_profile.md)
             skip_clone=True,
