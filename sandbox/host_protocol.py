@@ -15,7 +15,8 @@ these messages, each a length-prefixed JSON object over one unix socket per host
 
 Requests carry plain data only (no pickle: nothing in a message can run code on either side), and the trainer
 checks each result's types and sizes again (``result_from_data``), so a kernel host is held to the same rules as a
-kernel: the same protocol can run over a Ray actor call (issue 67) with nothing else to trust.
+kernel. The same messages cross a Ray actor call (``ray_hosts.py``): the request as the call's argument, the reply
+as the call's return value, JSON bytes that the trainer bounds and checks with ``decode`` as it does a frame here.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def max_frame(limits: Limits) -> int:
 
 
 def encode(msg: dict) -> bytes:
-    body = json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    body = encode_body(msg)
     return HEADER.pack(len(body)) + body
 
 
@@ -64,6 +65,16 @@ async def read_message(reader: asyncio.StreamReader, limit: int) -> dict | None:
         body = await reader.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
+    return decode(body, limit)
+
+
+def decode(body: Any, limit: int) -> dict:
+    """A message's body (JSON bytes) as an object; ProtocolError for one that is not bytes, is past ``limit`` bytes
+    (nothing of it is parsed), is not JSON or not an object."""
+    if not isinstance(body, bytes):
+        raise ProtocolError(f"a message that is not bytes ({type(body).__name__})")
+    if len(body) > limit:
+        raise ProtocolError(f"a message of {len(body)} bytes (the limit is {limit})")
     try:
         msg = json.loads(body)
     except (ValueError, RecursionError):
@@ -71,6 +82,11 @@ async def read_message(reader: asyncio.StreamReader, limit: int) -> dict | None:
     if not isinstance(msg, dict):
         raise ProtocolError("a message that is not an object")
     return msg
+
+
+def encode_body(msg: dict) -> bytes:
+    """A message's body, without the length header (a Ray actor call's return value carries its own length)."""
+    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def limits_to_data(limits: Limits) -> dict:

@@ -69,7 +69,7 @@ class _Host:
                                       "tools": list(self.pool.tools), "refill": self.pool.refill,
                                       "max_boots": self.pool.max_boots}))
         try:
-            first = await asyncio.wait_for(hp.read_message(reader, limit), START_TIMEOUT_S)
+            first = await asyncio.wait_for(hp.read_message(reader, limit), self.pool.start_timeout_s)
         except (asyncio.TimeoutError, hp.ProtocolError) as err:
             self.kill(f"it did not start: {type(err).__name__}")
             raise HostLost(self.lost) from None
@@ -182,14 +182,20 @@ class HostedKernel:
                       digest: bool = False) -> ExecResult:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        try:
-            if self.host is None or self.host.lost is not None:
+        if self.host is None or self.host.lost is not None:
+            try:
                 await self._lease()
+            except (HostLost, RuntimeError) as err:  # no host could hand out a kernel in time: this line's crash
+                self.restarts += 1
+                self.host = None
+                return ExecResult("crashed", restarted=True, duration_s=loop.time() - t0,
+                                  limit=f"no kernel host could hand out a kernel: {err}")
+        try:
             assert self.host is not None
             wall = self.limits.wall_s if timeout is None else timeout
             msg = await self.host.call({"op": "execute", "lease": self.lease, "code": code, "mode": mode,
                                         "timeout": timeout, "digest": digest},
-                                       wall + self.limits.interrupt_grace_s + SLACK_S)
+                                       wall + self.limits.interrupt_grace_s + self.pool.slack_s)
             return hp.result_from_data(msg.get("result"), self.tools, self.limits.max_output_bytes)
         except (HostLost, Malformed) as err:
             if isinstance(err, Malformed) and self.host is not None:
@@ -215,21 +221,32 @@ class HostedPool:
         if size < 1 or hosts < 1:
             raise ValueError("HostedPool size and hosts must be >= 1")
         self.size, self.limits, self.tools, self.refill = size, limits or Limits(), tuple(tools), refill
-        self.isolation = self.limits.resolve_isolation()
+        self.isolation = self._isolation()
         self.n_hosts = min(hosts, size)
         self.max_boots = max_boots or max(1, math.ceil(max(2, os.cpu_count() or 2) / self.n_hosts))
-        self.hosts: list[_Host] = []
+        self.hosts: list[Any] = []
+        """The live hosts' links (``_Host`` here; ``ray_hosts._RayHost`` for kernels on other machines)."""
+        self.slack_s = SLACK_S
+        self.start_timeout_s = START_TIMEOUT_S
+        self.replace_attempts = 3
         self._replacing: set[asyncio.Task] = set()
         self._closed = False
         self.hosts_lost = 0
         """Kernel hosts lost so far (died, killed for the protocol or a deadline)."""
 
+    def _isolation(self) -> str:
+        return self.limits.resolve_isolation()
+
     def _shares(self) -> list[int]:
         base, extra = divmod(self.size, self.n_hosts)
         return [base + (k < extra) for k in range(self.n_hosts)]
 
+    def _new_host(self, share: int, replacing: Any = None) -> Any:
+        """A link to a new host of ``share`` kernels, not started (``replacing``: the lost host it replaces)."""
+        return _Host(self, share)
+
     async def start(self) -> HostedPool:
-        self.hosts = list(await asyncio.gather(*(_Host(self, share).start() for share in self._shares())))
+        self.hosts = list(await asyncio.gather(*(self._new_host(share).start() for share in self._shares())))
         return self
 
     async def __aenter__(self) -> HostedPool:
@@ -246,12 +263,12 @@ class HostedPool:
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
-    async def _replace(self, old: _Host) -> None:
-        for attempt in range(3):
+    async def _replace(self, old: Any) -> None:
+        for attempt in range(self.replace_attempts):
             try:
-                new = await _Host(self, old.share).start()
+                new = await self._new_host(old.share, replacing=old).start()
             except HostLost:
-                await asyncio.sleep(0.5 * (attempt + 1))
+                await asyncio.sleep(min(5.0, 0.5 * (attempt + 1)))
                 continue
             if self._closed:
                 await new.close()
@@ -260,7 +277,7 @@ class HostedPool:
             return
         log.error("kernel host could not be replaced: %s", old.lost)
 
-    async def _acquire_lease(self) -> tuple[_Host, int]:
+    async def _acquire_lease(self) -> tuple[Any, int]:
         """A lease on the live host with the fewest kernels in use (waiting for a replacement if none is live)."""
         for _ in range(100):
             live = [h for h in self.hosts if h.lost is None]
@@ -272,7 +289,7 @@ class HostedPool:
             host = min(live, key=lambda h: h.in_use)
             host.in_use += 1
             try:
-                msg = await host.call({"op": "acquire"}, START_TIMEOUT_S)
+                msg = await host.call({"op": "acquire"}, self.start_timeout_s)
             except HostLost:
                 continue
             if "lease" not in msg:
