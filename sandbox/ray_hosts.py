@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -79,6 +80,10 @@ class KernelHost:
         self.limits: dict | None = None
 
     async def open(self, msg: dict) -> bytes:
+        # Ray's threads block SIGINT (its main thread takes it), and a blocked mask is inherited by every process
+        # started from them: a kernel's interrupt would never arrive, and every timeout would kill the kernel. The
+        # kernels (and the zygote) are started from this thread, the actor's event loop: unblock it here.
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         self.limits = msg.get("limits")
         reply = await self.core.open(msg)
         reply["node"] = node_report(self.limits)

@@ -1,0 +1,179 @@
+"""Kernels on other machines (issue 67): kernel hosts as Ray actors on a two-node Ray mini-cluster on this machine
+(``ray.cluster_utils.Cluster``, token authentication on). The pool gives what the local pool gives, line for line
+over several kernels; a node removed mid-line ends that line as ``crashed`` within its deadline and the episode goes
+on; no process is left after shutdown. One cluster for the module (Ray's start is most of its time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+
+import pytest
+
+# Token authentication on, with a token of this process's own (nothing written under ~/.ray): Ray reads the mode
+# once, when it is imported, so it is set before the import, for this test process and the cluster it starts.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
+ray = pytest.importorskip("ray", reason="kernels on Ray need the ray extra (pip install 'replrl[ray]')")
+
+from replrl.cli.env import ray_lines  # noqa: E402
+from replrl.config import RolloutConfig  # noqa: E402
+from sandbox import KernelPool, Limits, run_sync  # noqa: E402
+from sandbox.ray_hosts import RayPool  # noqa: E402
+from tests.test_kernel_hosts import uids_running  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+LABEL = "replrl_kernels"
+BASE = 460_000
+"""The kernels' ``uid_base`` here (test_kernel_hosts uses 400,000-459,999)."""
+LINES = ["x = 21", "x * 2", "for i in range(3):\n    print(i)\n", "1/0", "submit(x)", "print('é\\x00')",
+         "import time; time.sleep(3)", "x"]
+STORE = 78_643_200
+
+
+def descendants() -> set[int]:
+    """Pids of this process's descendants (the cluster's raylets, GCS and workers; the kernels under them)."""
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Mini:
+    """The module's cluster: a head and one worker node, both offering ``LABEL``; token authentication on."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(initialize_head=True, head_node_args=dict(
+            num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE, include_dashboard=False))
+        self.worker = self.cluster.add_node(num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE)
+        ray.init(address=self.cluster.address, log_to_driver=False)
+        self.pids: set[int] = set()
+        self.up = True
+
+    def shutdown(self) -> None:
+        if self.up:
+            self.up = False
+            self.pids |= descendants()
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            self.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mini():
+    m = Mini()
+    try:
+        yield m
+    finally:
+        m.shutdown()
+
+
+def local_results(limits: Limits) -> list[list]:
+    async def go():
+        async with KernelPool(size=2, limits=limits, tools=["submit"]) as pool:
+            return await episodes(pool)
+
+    return run_sync(go())
+
+
+async def episodes(pool) -> list[list]:
+    """Two episodes at once, each on its own kernel, the same lines (one shifted by one): what each line gave."""
+    async def one(shift: int) -> list:
+        async with pool.acquire() as k:
+            return [await k.execute(code, mode="single", timeout=1.0) for code in LINES[shift:] + LINES[:shift]]
+
+    return list(await asyncio.gather(one(0), one(1)))
+
+
+def fields(r) -> tuple:
+    return r.status, r.output, r.error_name, r.tool_calls, r.restarted, r.truncated
+
+
+def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
+    limits = Limits(wall_s=5.0, uid_base=BASE)
+    cfg = RolloutConfig(kernel_backend="ray", ray_resource=LABEL)
+    pool = cfg.kernel_pool(2, ["submit"], limits)
+    assert isinstance(pool, RayPool)
+
+    async def go():
+        async with pool:
+            nodes = pool.nodes()
+            return nodes, await episodes(pool)
+
+    nodes, on_ray = run_sync(go())
+    assert len({n["node_id"] for n in nodes}) == 2 and [n["kernels"] for n in nodes] == [1, 1]
+    assert all(n["isolation"] == limits.resolve_isolation() for n in nodes)
+    local = local_results(limits)
+    for ep_local, ep_ray in zip(local, on_ray, strict=True):
+        assert [fields(r) for r in ep_local] == [fields(r) for r in ep_ray]
+    assert [r.status for r in on_ray[0]] == ["ok", "ok", "ok", "error", "ok", "ok", "timeout", "ok"]
+    assert on_ray[0][5].output == "é\ufffd\n" and on_ray[0][4].tool_calls[0].args == [21]
+    assert not uids_running(BASE)
+
+    lines = ray_lines(cfg)  # `replrl env` with rollout.kernel_backend = ray: one line per node
+    assert len(lines) == 3 and "token authentication: token" in lines[0] and "2 node(s)" in lines[0]
+    assert all(f"sandbox {limits.resolve_isolation()}" in line for line in lines[1:]), lines
+
+
+def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_on(mini):
+    limits = Limits(wall_s=20.0, interrupt_grace_s=1.0, uid_base=BASE + 10_000)
+    worker_id = mini.worker.node_id
+
+    async def go():
+        async with RayPool(size=2, limits=limits, resource=LABEL, start_timeout_s=60.0) as pool:
+            async with pool.acquire() as a, pool.acquire() as b:
+                k = a if a.host.node_id == worker_id else b
+                assert k.host.node_id == worker_id
+                assert (await k.execute("x = 1")).status == "ok"
+                t0 = time.monotonic()
+                line = asyncio.ensure_future(k.execute("import time; time.sleep(15); print('slept')"))
+                await asyncio.sleep(1.0)
+                await asyncio.get_running_loop().run_in_executor(None, mini.cluster.remove_node, mini.worker)
+                crashed = await line
+                took = time.monotonic() - t0
+                after = await k.execute("print('after')")
+                return crashed, took, after, pool.hosts_lost
+
+    crashed, took, after, lost = run_sync(go())
+    assert crashed.status == "crashed" and crashed.restarted and "kernel host was lost" in crashed.limit, crashed
+    assert took < 15.0, took  # Ray's word on the dead actor, not the line's end nor its deadline (36 s)
+    assert after.status == "ok" and after.output == "after\n"  # a fresh kernel on the node that is left
+    assert lost == 1
+    deadline = time.monotonic() + 10
+    while uids_running(BASE + 10_000) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not uids_running(BASE + 10_000)  # the lost node's kernels died with their host
+
+
+def test_no_process_is_left_after_shutdown(mini):
+    mini.shutdown()
+    deadline = time.monotonic() + 15
+    while any(map(alive, mini.pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in mini.pids if alive(pid)]
+    assert mini.pids and not left, left
+    assert not uids_running(BASE) and not uids_running(BASE + 10_000)
