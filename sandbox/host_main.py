@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hmac
 import logging
 import os
 import signal
@@ -58,6 +59,12 @@ class Host:
 async def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock, limit=2**16)
+    await serve_stream(reader, writer)
+
+
+async def serve_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Serve the trainer on one connection (the process host's socket pair, or a Ray actor's TCP connection) until
+    it closes or asks the host to; then close the pool."""
     host = Host(writer)
     try:
         first = await read_message(reader, REQUEST_LIMIT)
@@ -81,11 +88,51 @@ async def serve(fd: int) -> None:
         writer.transport.abort()
 
 
+HELLO_TIMEOUT_S = 10.0
+"""How long a connection to a listening host has to present the secret."""
+
+
+async def serve_one(fd: int, secret: str) -> None:
+    """Listen on the TCP socket ``fd`` (a Ray actor's host, ``ray_hosts.py``): the first connection whose first
+    frame is ``{"secret": secret}`` is served, and the socket is closed; any other connection is dropped."""
+    served = asyncio.get_running_loop().create_future()
+    expected = secret.encode()
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await asyncio.wait_for(read_message(reader, 256), HELLO_TIMEOUT_S)
+        except (asyncio.TimeoutError, ProtocolError):
+            hello = None
+        given = str((hello or {}).get("secret", "")).encode()
+        if served.done() or not hmac.compare_digest(given, expected):
+            writer.transport.abort()
+            return
+        served.set_result(None)
+        server.close()
+        try:
+            await serve_stream(reader, writer)
+        finally:
+            done.set()
+
+    done = asyncio.Event()
+    server = await asyncio.start_server(client, sock=socket.socket(fileno=fd), limit=2**16)
+    await done.wait()
+
+
 def main(argv: list[str] | None = None) -> None:
+    """``FD``: serve the trainer on the connected unix socket FD; ``--listen FD``: on the first connection to the
+    listening TCP socket FD that presents the secret (read from stdin)."""
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
+    # A host started from a thread that blocks SIGINT (Ray's do) inherits the mask, and so would its kernels: an
+    # interrupt would never arrive and every timeout would kill the kernel. Kernels start with none blocked.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     logging.basicConfig(level=logging.WARNING, format="kernel host %(process)d: %(message)s")
-    asyncio.run(serve(int(argv[0])))
+    if argv[0] == "--listen":
+        secret = sys.stdin.readline().strip()
+        asyncio.run(serve_one(int(argv[1]), secret))
+    else:
+        asyncio.run(serve(int(argv[0])))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ class HostLost(Exception):
 
 
 class _Host:
-    """One kernel-host process and its socket, from the trainer's side."""
+    """One kernel-host process and its socket, from the trainer's side. What is the process's own (``_connect``,
+    ``_stop``, ``_wait_closed``) is apart from the protocol, so a host elsewhere (``ray_hosts._RayHost``: an actor
+    and a TCP connection) is driven by the same code."""
 
     def __init__(self, pool: HostedPool, share: int):
         self.pool, self.share = pool, share
@@ -54,7 +56,8 @@ class _Host:
         self._reader_task: asyncio.Task | None = None
         self._writer: asyncio.StreamWriter | None = None
 
-    async def start(self) -> _Host:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Start the host and connect to it (the process host: a child on one end of a socket pair)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
@@ -63,7 +66,29 @@ class _Host:
                                          pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=mine, limit=2**16)
+        return await asyncio.open_unix_connection(sock=mine, limit=2**16)
+
+    def _stop(self) -> None:
+        """Kill the host now."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+
+    async def _wait_closed(self) -> None:
+        """Wait for the host, asked to close, to be gone; kill it if it has not within 10 s."""
+        if self.proc is not None:
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.wait_for(loop.run_in_executor(None, self.proc.wait), 10.0)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await loop.run_in_executor(None, self.proc.wait)
+
+    def _name(self) -> str:
+        return str(self.proc.pid if self.proc else None)
+
+    async def start(self) -> _Host:
+        reader, self._writer = await self._connect()
         limit = hp.max_frame(self.pool.limits)
         self._writer.write(hp.encode({"op": "open", "size": self.share, "limits": hp.limits_to_data(self.pool.limits),
                                       "tools": list(self.pool.tools), "refill": self.pool.refill,
@@ -130,10 +155,8 @@ class _Host:
         if self.lost is not None:
             return
         self.lost = why
-        log.warning("kernel host %s lost: %s", self.proc.pid if self.proc else None, why)
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self.proc.kill()
+        log.warning("kernel host %s lost: %s", self._name(), why)
+        self._stop()
         for fut in self.pending.values():
             if not fut.done():
                 fut.cancel()
@@ -153,13 +176,7 @@ class _Host:
                 await self._writer.drain()
         if self._reader_task is not None:
             self._reader_task.cancel()
-        if self.proc is not None:
-            loop = asyncio.get_running_loop()
-            try:
-                await asyncio.wait_for(loop.run_in_executor(None, self.proc.wait), 10.0)
-            except asyncio.TimeoutError:
-                self.proc.kill()
-                await loop.run_in_executor(None, self.proc.wait)
+        await self._wait_closed()
         if self._writer is not None:
             self._writer.transport.abort()
 

@@ -18,19 +18,21 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
+import secrets
 import socket
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import host_protocol as hp
 from .errors import SandboxUnavailable
-from .host_core import HostCore
-from .hosts import HostedPool, HostLost
+from .hosts import _PACKAGE_ROOT, HostedPool, HostLost, _Host
 from .limits import Limits
 
 log = logging.getLogger(__name__)
 
+HELLO_TIMEOUT_S = 10.0
+"""How long the trainer has to connect to a host's port."""
 CLOSE_TIMEOUT_S = 30.0
 """How long a host has to close its pool before its actor is killed."""
 REPLACE_ATTEMPTS = 60
@@ -72,42 +74,56 @@ def node_report(limits_data: dict | None = None) -> dict:
 
 
 class KernelHost:
-    """The kernel host as a Ray actor (made with ``ray.remote`` by ``actor_class``): a ``HostCore`` on the actor's
-    event loop. Its methods take and return plain data; replies are JSON bytes for the trainer to check."""
+    """The kernel host's Ray actor (made with ``ray.remote`` by ``actor_class``): it places and holds a kernel-host
+    process on its node. ``listen`` opens a TCP port on the node's address and starts ``python -m
+    sandbox.host_main --listen`` on it (the process host's own loop over a ``HostCore``: an unchanged
+    ``KernelPool``), which serves the first connection that presents the pool's secret and closes the port. So a
+    line costs one frame each way, as with a local host, not an actor call; the host process dies with the actor
+    (``PR_SET_PDEATHSIG``), and its kernels with it."""
 
     def __init__(self) -> None:
-        self.core = HostCore()
+        self.proc: asyncio.subprocess.Process | None = None
         self.limits: dict | None = None
 
-    async def open(self, msg: dict) -> bytes:
-        # Ray's threads block SIGINT (its main thread takes it), and a blocked mask is inherited by every process
-        # started from them: a kernel's interrupt would never arrive, and every timeout would kill the kernel. The
-        # kernels (and the zygote) are started from this thread, the actor's event loop: unblock it here.
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        self.limits = msg.get("limits")
-        reply = await self.core.open(msg)
-        reply["node"] = node_report(self.limits)
-        return hp.encode_body(reply)
+    async def listen(self, secret: str, limits: dict) -> list:
+        import ray
 
-    async def handle(self, msg: dict) -> bytes:
-        return hp.encode_body(await self.core.handle(msg))
+        self.limits = limits
+        address = ray.util.get_node_ip_address()
+        listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.bind((address, 0))
+            listener.listen(4)
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandbox.host_main", "--listen", str(listener.fileno()),
+                pass_fds=[listener.fileno()], env=env, stdin=asyncio.subprocess.PIPE)
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(secret.encode() + b"\n")
+            await self.proc.stdin.drain()
+            self.proc.stdin.close()
+            return [address, listener.getsockname()[1]]
+        finally:
+            listener.close()
 
-    async def report(self) -> bytes:
-        return hp.encode_body({"node": node_report(self.limits), "stats": self.core.stats()})
+    async def report(self) -> dict:
+        return node_report(self.limits)
 
-    async def close(self) -> None:
-        await self.core.close()
+    async def wait(self) -> int | None:
+        """Returns when the host process has exited (after the trainer's ``close``); fails if the actor dies."""
+        return None if self.proc is None else await self.proc.wait()
 
 
 _ACTOR: Any = None
 
 
 def actor_class(ray: Any) -> Any:
-    """``KernelHost`` as a Ray actor class (made once): an async actor (lines of many episodes at once), never
-    restarted by Ray (the pool replaces a lost host itself, so a line is never run twice)."""
+    """``KernelHost`` as a Ray actor class (made once): async, never restarted by Ray (the pool replaces a lost
+    host itself, so a line is never run twice)."""
     global _ACTOR
     if _ACTOR is None:
-        _ACTOR = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=4096)(KernelHost)
+        _ACTOR = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=4)(KernelHost)
     return _ACTOR
 
 
@@ -116,106 +132,78 @@ def kernel_nodes(ray: Any, resource: str = "") -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive") and (not resource or n.get("Resources", {}).get(resource, 0) > 0)]
 
 
-class _RayHost:
-    """One ``KernelHost`` actor, from the trainer's side: the link ``HostedPool`` drives (``start``, ``call``,
-    ``kill``, ``close``, ``lost``, ``in_use``, ``stats``, ``share``)."""
+class _RayHost(_Host):
+    """One ``KernelHost`` actor, from the trainer's side: ``hosts._Host`` (the protocol, the deadlines, the checks
+    of every frame) over a TCP connection to the actor; the actor's life is Ray's (``ray.kill``; a pending ``wait``
+    call says when Ray finds it dead, its node included)."""
 
     def __init__(self, pool: RayPool, share: int, node_id: str | None):
-        self.pool, self.share = pool, share
+        super().__init__(pool, share)
+        self.ray = pool.ray
         self.node_id: str | None = node_id
-        self.actor: Any = None
-        self.in_use = 0
-        self.stats: dict[str, int] = {}
         self.node: dict = {}
-        self.lost: str | None = None
-        self.calls: set[Any] = set()
+        self.actor: Any = None
+        self._watch: asyncio.Future | None = None
 
-    async def _await(self, ref: Any, timeout: float) -> dict:
-        """The reply of one actor call, bounded and parsed as a frame: HostLost for Ray's errors, a missed
-        deadline (the actor is killed then) or a reply that breaks the protocol."""
-        ray = self.pool.ray
-        fut = asyncio.wrap_future(ref.future())
-        self.calls.add(fut)
+    def _name(self) -> str:
+        return f"on Ray node {str(self.node_id)[:12]}"
+
+    async def _ray(self, ref: Any, timeout: float) -> Any:
         try:
-            body = await asyncio.wait_for(fut, timeout)
+            return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
         except asyncio.TimeoutError:
-            self.kill(f"it did not answer within {timeout:.0f} s")
-            raise HostLost(self.lost) from None
-        except asyncio.CancelledError:
-            if self.lost is not None:
-                raise HostLost(self.lost) from None
-            raise
-        except ray.exceptions.RayError as err:
-            self.kill(f"Ray: {type(err).__name__}: {_first_line(err)}")
-            raise HostLost(self.lost) from None
-        finally:
-            self.calls.discard(fut)
-        try:
-            msg = hp.decode(body, hp.max_frame(self.pool.limits))
-        except hp.ProtocolError as err:
-            self.kill(f"it broke the protocol: {err}")
-            raise HostLost(self.lost) from None
-        self._take_stats(msg)
-        return msg
+            raise HostLost(f"its actor did not answer within {timeout:.0f} s") from None
+        except self.ray.exceptions.RayError as err:
+            raise HostLost(f"Ray: {type(err).__name__}: {_first_line(err)}") from None
 
-    def _take_stats(self, msg: dict) -> None:
-        stats = msg.get("stats")
-        if isinstance(stats, dict):
-            self.stats = {k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)}
-
-    async def start(self) -> _RayHost:
-        ray = self.pool.ray
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        pool: RayPool = self.pool  # type: ignore[assignment]
         if self.node_id is None:  # a replacement: wherever the cluster has room now
-            self.node_id = await self.pool._pick_node()
-
+            self.node_id = await pool._pick_node()
         opts: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
             self.node_id, soft=False)}
-        if self.pool.resource:
-            opts["resources"] = {self.pool.resource: self.pool.resource_amount}
-        self.actor = actor_class(ray).options(**opts).remote()
-        limits = hp.limits_to_data(self.pool.limits)
-        msg = {"op": "open", "size": self.share, "limits": limits, "tools": list(self.pool.tools),
-               "refill": self.pool.refill, "max_boots": self.pool.max_boots}
+        if pool.resource:
+            opts["resources"] = {pool.resource: pool.resource_amount}
+        self.actor = actor_class(self.ray).options(**opts).remote()
+        secret = secrets.token_hex(32)
         try:
-            first = await self._await(self.actor.open.remote(msg), self.pool.start_timeout_s)
-        except HostLost as err:
+            address, port = await self._ray(self.actor.listen.remote(secret, hp.limits_to_data(pool.limits)),
+                                            pool.start_timeout_s)
+            self.node = await self._ray(self.actor.report.remote(), pool.start_timeout_s)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(str(address), int(port), limit=2**16),
+                                                    HELLO_TIMEOUT_S)
+        except (HostLost, OSError, asyncio.TimeoutError, TypeError, ValueError) as err:
+            self._stop()
             raise HostLost(f"it did not start on node {str(self.node_id)[:12]}: {err}") from None
-        node = first.get("node")
-        self.node = node if isinstance(node, dict) else {}
-        if not first.get("ok"):
-            self.kill(f"it did not start: {str(first.get('error'))[:500]}")
-            raise HostLost(self.lost)
-        self.pool._saw_node(self)
-        return self
+        writer.write(hp.encode({"secret": secret}))
+        self._watch = asyncio.ensure_future(self._watch_actor())
+        pool._saw_node(self)
+        return reader, writer
 
-    async def call(self, msg: dict, timeout: float) -> dict:
-        if self.lost is not None:
-            raise HostLost(self.lost)
-        return await self._await(self.actor.handle.remote(msg), timeout)
-
-    def kill(self, why: str) -> None:
-        """End the actor now (idempotent): its waiters fail with HostLost; the pool starts a replacement."""
-        if self.lost is not None:
+    async def _watch_actor(self) -> None:
+        """Kill the link as soon as Ray finds the actor dead (its node lost, or killed)."""
+        try:
+            await asyncio.wrap_future(self.actor.wait.remote().future())
+        except asyncio.CancelledError:
             return
-        self.lost = why
-        log.warning("kernel host on node %s lost: %s", str(self.node_id)[:12], why)
-        if self.actor is not None:
-            with contextlib.suppress(Exception):
-                self.pool.ray.kill(self.actor, no_restart=True)
-        for fut in list(self.calls):
-            fut.cancel()
-        self.pool._host_lost(self)
+        except Exception as err:
+            self.kill(f"Ray: {type(err).__name__}: {_first_line(err)}")
 
-    async def close(self) -> None:
-        if self.lost is None and self.actor is not None:
-            self.lost = "closed"
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.wrap_future(self.actor.close.remote().future()), CLOSE_TIMEOUT_S)
+    def _stop(self) -> None:
+        if self._watch is not None and self._watch is not asyncio.current_task():
+            self._watch.cancel()
         if self.actor is not None:
             with contextlib.suppress(Exception):
-                self.pool.ray.kill(self.actor, no_restart=True)
+                self.ray.kill(self.actor, no_restart=True)
+
+    async def _wait_closed(self) -> None:
+        """The host closes its pool when asked; then the actor goes (killed after ``CLOSE_TIMEOUT_S`` at most)."""
+        if self._watch is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._watch, CLOSE_TIMEOUT_S)
+        self._stop()
 
 
 def _first_line(err: BaseException) -> str:

@@ -119,12 +119,20 @@ def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
     pool = cfg.kernel_pool(2, ["submit"], limits)
     assert isinstance(pool, RayPool)
 
+    gcs_host, gcs_port = mini.cluster.address.rsplit(":", 1)  # model code cannot reach Ray, nor read its token
+    reach = (f"import socket\ntry:\n    socket.create_connection(({gcs_host!r}, {gcs_port}), timeout=2)\n"
+             "    print('open')\nexcept OSError as e:\n    print('unreachable', type(e).__name__)\n")
+    ray_env = "import os; sorted(k for k in os.environ if 'RAY' in k)"
+
     async def go():
         async with pool:
             nodes = pool.nodes()
-            return nodes, await episodes(pool)
+            on_ray = await episodes(pool)
+            async with pool.acquire() as k:
+                probe = [await k.execute(reach), await k.execute(ray_env, mode="single")]
+            return nodes, on_ray, probe
 
-    nodes, on_ray = run_sync(go())
+    nodes, on_ray, probe = run_sync(go())
     assert len({n["node_id"] for n in nodes}) == 2 and [n["kernels"] for n in nodes] == [1, 1]
     assert all(n["isolation"] == limits.resolve_isolation() for n in nodes)
     local = local_results(limits)
@@ -133,6 +141,10 @@ def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
     assert [r.status for r in on_ray[0]] == ["ok", "ok", "ok", "error", "ok", "ok", "timeout", "ok"]
     assert on_ray[0][5].output == "é\ufffd\n" and on_ray[0][4].tool_calls[0].args == [21]
     assert not uids_running(BASE)
+
+    if limits.resolve_isolation() in ("bwrap", "unshare"):
+        assert probe[0].output.startswith("unreachable"), probe[0]
+    assert probe[1].output == "[]\n"
 
     lines = ray_lines(cfg)  # `replrl env` with rollout.kernel_backend = ray: one line per node
     assert len(lines) == 3 and "token authentication: token" in lines[0] and "2 node(s)" in lines[0]
@@ -162,7 +174,7 @@ def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_
     assert crashed.status == "crashed" and crashed.restarted and "kernel host was lost" in crashed.limit, crashed
     assert took < 15.0, took  # Ray's word on the dead actor, not the line's end nor its deadline (36 s)
     assert after.status == "ok" and after.output == "after\n"  # a fresh kernel on the node that is left
-    assert lost == 1
+    assert lost == 1 and "ActorDiedError" in crashed.limit  # Ray's reason, in the transcript's words
     deadline = time.monotonic() + 10
     while uids_running(BASE + 10_000) and time.monotonic() < deadline:
         time.sleep(0.2)
