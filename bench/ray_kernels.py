@@ -1,11 +1,13 @@
 """Kernels through Ray against the local pool, side by side in one run (issue 67).
 
-Two sides, interleaved over ``--rounds``: the local ``KernelPool`` (kernels in this process) and ``RayPool`` (a
-``KernelHost`` Ray actor on this machine's one Ray node, loopback, token authentication on), each with the same
-``Limits``. Per side and round:
+Three sides, interleaved over ``--rounds``: the local ``KernelPool`` (kernels in this process), ``HostedPool`` with
+one local kernel-host process (the same host over a unix socket: how much of Ray's figure is the host's hop), and
+``RayPool`` (a ``KernelHost`` Ray actor on this machine's one Ray node, its host over loopback TCP, token
+authentication on), each with the same ``Limits``. Per side and round:
 
 - **latency**: one episode runs ``--latency-lines`` small interactive lines one after the other; a line's round
-  trip from ``execute`` to its result. ``added_ms`` is Ray's median minus the local median.
+  trip from ``execute`` to its result. ``added_ms`` is Ray's median minus the local median (``added_ms_vs_host``:
+  minus the local host's).
 - **lines/s**: ``--episodes`` episodes at once, each on its own kernel, ``--lines`` lines each; lines over the
   window's wall time (kernels acquired before the window, released after it).
 - **fresh kernels/s**: ``--fresh`` episodes, ``--episodes`` at a time, each acquiring a fresh kernel, running one
@@ -14,7 +16,7 @@ Two sides, interleaved over ``--rounds``: the local ``KernelPool`` (kernels in t
     python bench/ray_kernels.py [--episodes 8] [--lines 20] [--latency-lines 200] [--fresh 48] [--rounds 3]
 
 Prints each round, then one JSON line: the medians per side, ``added_ms`` (target <= 1), ``lines_ratio`` (Ray /
-local, target >= 0.8), ``fresh_ratio`` (Ray / local, target >= 0.9) and the load average.
+local, target >= 0.8), ``fresh_ratio`` (Ray / local, target >= 0.9) and the load average (lowest, highest).
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ LINES = ["x = 21", "y = x * 2", "y", "for i in range(3):\n    y += i\n", "print(
 
 def make_pool(side: str, size: int, base: int, refill: str = "idle"):
     from sandbox import KernelPool, Limits
+    from sandbox.hosts import HostedPool
     from sandbox.ray_hosts import RayPool
 
     limits = Limits(wall_s=10.0, uid_base=base)
     if side == "local":
         return KernelPool(size=size, limits=limits, refill=refill)  # type: ignore[arg-type]
+    if side == "host":
+        return HostedPool(size=size, limits=limits, refill=refill, hosts=1)
     return RayPool(size=size, limits=limits, refill=refill)
 
 
@@ -103,13 +108,13 @@ def main() -> None:
 
     ray.init(num_cpus=os.cpu_count(), object_store_memory=args.object_store_mb * 2**20, include_dashboard=False,
              log_to_driver=False)
-    sides = ["local", "ray"]
+    sides = ["local", "host", "ray"]
     figs: dict[str, dict[str, list[float]]] = {s: {"line_ms": [], "lines_per_s": [], "fresh_per_s": []} for s in sides}
     loads = [os.getloadavg()[0]]
     try:
         for r in range(args.rounds):
-            for k, side in enumerate(sides if r % 2 == 0 else sides[::-1]):
-                base = 700_000 + 40_000 * k
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                base = 700_000 + 40_000 * sides.index(side)
                 lat = run_sync(latency(side, args.latency_lines, base))
                 lps = run_sync(throughput(side, args.episodes, args.lines, base + 10_000))
                 fps = run_sync(fresh(side, args.episodes, args.fresh, base + 20_000))
@@ -130,6 +135,7 @@ def main() -> None:
         "lines_per_s": {s: round(med[s]["lines_per_s"], 1) for s in sides},
         "fresh_per_s": {s: round(med[s]["fresh_per_s"], 2) for s in sides},
         "added_ms": round(med["ray"]["line_ms"] - med["local"]["line_ms"], 3),
+        "added_ms_vs_host": round(med["ray"]["line_ms"] - med["host"]["line_ms"], 3),
         "lines_ratio": round(med["ray"]["lines_per_s"] / med["local"]["lines_per_s"], 3),
         "fresh_ratio": round(med["ray"]["fresh_per_s"] / med["local"]["fresh_per_s"], 3),
     }))

@@ -15,9 +15,8 @@ these messages, each a length-prefixed JSON object over one unix socket per host
 
 Requests carry plain data only (no pickle: nothing in a message can run code on either side), and the trainer
 checks each result's types and sizes again (``result_from_data``), so a kernel host is held to the same rules as a
-kernel. The same messages cross a Ray actor call (``ray_hosts.py``): the request as the call's argument, the reply
-as the call's return value, JSON bytes that the trainer bounds and checks with ``decode`` as it does a frame here.
-"""
+kernel. A host on another machine (``ray_hosts.py``) speaks the same frames over TCP, after a first frame that
+carries the pool's secret (``host_main.serve_one``)."""
 
 from __future__ import annotations
 
@@ -85,7 +84,7 @@ def decode(body: Any, limit: int) -> dict:
 
 
 def encode_body(msg: dict) -> bytes:
-    """A message's body, without the length header (a Ray actor call's return value carries its own length)."""
+    """A message's body, without the length header."""
     return json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 

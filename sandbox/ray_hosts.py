@@ -1,12 +1,16 @@
 """Kernels on other machines: kernel hosts as Ray actors, one per node, behind the pool protocol (docs/ray.md).
 
 ``RayPool`` is ``HostedPool`` (``hosts.py``: leases, a lost host's lines as ``crashed`` results, replacements, the
-trainer-side checks of every result) with a different link to each host: a ``KernelHost`` Ray actor pinned to a
-node, running the same ``HostCore`` a kernel-host process runs (an unchanged ``KernelPool``: zygote, bwrap, seccomp,
-cgroups, budgets). The messages are those of ``host_protocol.py``: a request goes as the actor call's argument, the
-reply comes back as JSON bytes that the trainer bounds (``max_frame``) and parses (``decode``) exactly as a frame
-from a local host, then checks (``result_from_data``). Every call has a deadline; an actor or node lost mid-line
-ends that line as ``crashed`` with Ray's reason, and the pool starts a new host on a node with room.
+deadlines and the trainer-side checks of every frame) with hosts elsewhere: on each node that takes kernels a
+``KernelHost`` Ray actor, pinned there, starts the kernel-host process (``python -m sandbox.host_main --listen``:
+the same ``HostCore`` over an unchanged ``KernelPool``: zygote, bwrap, seccomp, cgroups, budgets) on a TCP port of
+the node's address. The trainer connects once, presents a secret it handed the actor through Ray (the first frame;
+any other connection is dropped), and speaks ``host_protocol.py`` to it: a line is one frame each way, read with
+the same bounds and checks as a local host's, never an actor call (Ray's call path cost 1-3 ms a line on a loaded
+2-core machine; docs/ray.md). Ray places the actors, reports their death (a pending ``wait`` call fails when the
+actor or its node is lost), and kills them; the host process dies with its actor, its kernels with it. An actor or
+node lost mid-line ends that line as ``crashed`` with Ray's reason, and the pool starts a new host on a node with
+room.
 
 Ray is imported when a ``RayPool`` is made (the ``ray`` extra: ``pip install 'replrl[ray]'``); nothing else of
 replrl or ``sandbox`` needs it. Only the kernels' hosts run under Ray; the trainer stays on accelerate/torchrun.

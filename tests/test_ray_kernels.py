@@ -174,7 +174,7 @@ def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_
     assert crashed.status == "crashed" and crashed.restarted and "kernel host was lost" in crashed.limit, crashed
     assert took < 15.0, took  # Ray's word on the dead actor, not the line's end nor its deadline (36 s)
     assert after.status == "ok" and after.output == "after\n"  # a fresh kernel on the node that is left
-    assert lost == 1 and "ActorDiedError" in crashed.limit  # Ray's reason, in the transcript's words
+    assert lost == 1 and ("ActorDiedError" in crashed.limit or "it exited" in crashed.limit), crashed.limit
     deadline = time.monotonic() + 10
     while uids_running(BASE + 10_000) and time.monotonic() < deadline:
         time.sleep(0.2)
