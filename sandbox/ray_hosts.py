@@ -181,6 +181,9 @@ class _RayHost(_Host):
         except (HostLost, OSError, asyncio.TimeoutError, TypeError, ValueError) as err:
             self._stop()
             raise HostLost(f"it did not start on node {str(self.node_id)[:12]}: {err}") from None
+        except BaseException:  # cancelled (the pool closing): no actor left pending or running
+            self._stop()
+            raise
         writer.write(hp.encode({"secret": secret}))
         self._watch = asyncio.ensure_future(self._watch_actor())
         pool._saw_node(self)
@@ -278,16 +281,25 @@ class RayPool(HostedPool):
         return _RayHost(self, share, None)
 
     async def _pick_node(self) -> str:
-        """A live node that has none of this pool's live hosts (a lost host's own node too, if it is still live),
-        else the live node with the fewest; HostLost when no node takes kernels."""
+        """The live node with the most room for a new host: with ``resource``, one whose units are not all taken by
+        this pool's live hosts; without, one with none of them, else the one with the fewest. HostLost when no node
+        has room (the pool tries again a little later: a node may join or come back)."""
         nodes = await asyncio.get_running_loop().run_in_executor(None, kernel_nodes, self.ray, self.resource)
-        if not nodes:
-            raise HostLost("no live Ray node takes kernels")
         taken: dict[str, int] = {}
         for h in self.hosts:
             if h.lost is None:
                 taken[h.node_id] = taken.get(h.node_id, 0) + 1
-        return min(nodes, key=lambda n: taken.get(n["NodeID"], 0))["NodeID"]
+
+        def room(n: dict) -> float:
+            if self.resource:
+                return n["Resources"][self.resource] - taken.get(n["NodeID"], 0) * self.resource_amount
+            return -taken.get(n["NodeID"], 0)
+
+        fits = [n for n in nodes if not self.resource or room(n) >= self.resource_amount]
+        if not fits:
+            raise HostLost("no live Ray node has room for a kernel host" + (
+                f" (none offers a free {self.resource!r})" if self.resource else ""))
+        return max(fits, key=room)["NodeID"]
 
     def _saw_node(self, host: _RayHost) -> None:
         node = host.node

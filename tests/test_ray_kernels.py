@@ -62,7 +62,7 @@ def alive(pid: int) -> bool:
 
 
 class Mini:
-    """The module's cluster: a head and one worker node, both offering ``LABEL``; token authentication on."""
+    """The module's cluster: a head and one worker node, both offering one unit of ``LABEL``; token auth on."""
 
     def __init__(self) -> None:
         from ray.cluster_utils import Cluster
@@ -155,26 +155,39 @@ def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_
     limits = Limits(wall_s=20.0, interrupt_grace_s=1.0, uid_base=BASE + 10_000)
     worker_id = mini.worker.node_id
 
-    async def go():
-        async with RayPool(size=2, limits=limits, resource=LABEL, start_timeout_s=60.0) as pool:
-            async with pool.acquire() as a, pool.acquire() as b:
-                k = a if a.host.node_id == worker_id else b
-                assert k.host.node_id == worker_id
-                assert (await k.execute("x = 1")).status == "ok"
-                t0 = time.monotonic()
-                line = asyncio.ensure_future(k.execute("import time; time.sleep(15); print('slept')"))
-                await asyncio.sleep(1.0)
-                await asyncio.get_running_loop().run_in_executor(None, mini.cluster.remove_node, mini.worker)
-                crashed = await line
-                took = time.monotonic() - t0
-                after = await k.execute("print('after')")
-                return crashed, took, after, pool.hosts_lost
+    pool = run_sync(RayPool(size=2, limits=limits, resource=LABEL, start_timeout_s=60.0).start())
 
-    crashed, took, after, lost = run_sync(go())
+    async def lose_a_node():
+        async with pool.acquire() as a, pool.acquire() as b:
+            k = a if a.host.node_id == worker_id else b
+            assert k.host.node_id == worker_id
+            assert (await k.execute("x = 1")).status == "ok"
+            t0 = time.monotonic()
+            line = asyncio.ensure_future(k.execute("import time; time.sleep(15); print('slept')"))
+            await asyncio.sleep(1.0)
+            await asyncio.get_running_loop().run_in_executor(None, mini.cluster.remove_node, mini.worker)
+            crashed = await line
+            took = time.monotonic() - t0
+            return crashed, took, await k.execute("print('after')"), pool.hosts_lost
+
+    async def replaced() -> list:
+        deadline = time.monotonic() + 60
+        while len([h for h in pool.hosts if h.lost is None]) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return sorted(h.node_id for h in pool.hosts if h.lost is None)
+
+    try:
+        crashed, took, after, lost = run_sync(lose_a_node())
+        # the head's one unit of LABEL is taken: the replacement waits for room, and a node that joins has it
+        new_node = mini.cluster.add_node(num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE).node_id
+        placed = run_sync(replaced())
+    finally:
+        run_sync(pool.close())
     assert crashed.status == "crashed" and crashed.restarted and "kernel host was lost" in crashed.limit, crashed
     assert took < 15.0, took  # Ray's word on the dead actor, not the line's end nor its deadline (36 s)
     assert after.status == "ok" and after.output == "after\n"  # a fresh kernel on the node that is left
     assert lost == 1 and ("ActorDiedError" in crashed.limit or "it exited" in crashed.limit), crashed.limit
+    assert new_node in placed and worker_id not in placed and len(placed) == 2, placed
     deadline = time.monotonic() + 10
     while uids_running(BASE + 10_000) and time.monotonic() < deadline:
         time.sleep(0.2)
