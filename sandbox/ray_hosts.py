@@ -39,6 +39,8 @@ HELLO_TIMEOUT_S = 10.0
 """How long the trainer has to connect to a host's port."""
 CLOSE_TIMEOUT_S = 30.0
 """How long a host has to close its pool before its actor is killed."""
+RAY_CALL_TIMEOUT_S = 30.0
+"""How long one of Ray's own blocking calls (listing the nodes) may take."""
 REPLACE_ATTEMPTS = 60
 """Tries at starting a lost host's replacement (about 5 s apart once the first few fail): a node may come back."""
 NOT_RAY = "rollout.kernel_backend = ray needs Ray >= 2.52 (pip install 'replrl[ray]')"
@@ -254,8 +256,12 @@ class RayPool(HostedPool):
 
     async def start(self) -> RayPool:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._connect)
-        nodes = await loop.run_in_executor(None, kernel_nodes, self.ray, self.resource)
+        try:  # Ray's own calls block: each in a thread, each with a deadline
+            await asyncio.wait_for(loop.run_in_executor(None, self._connect), self.start_timeout_s)
+            nodes = await asyncio.wait_for(loop.run_in_executor(None, kernel_nodes, self.ray, self.resource),
+                                           RAY_CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise SandboxUnavailable(f"the Ray cluster at {self.address or 'auto'} did not answer in time") from None
         if not nodes:
             raise SandboxUnavailable("no live Ray node takes kernels" + (
                 f" (none offers the resource {self.resource!r})" if self.resource else ""))
@@ -284,7 +290,11 @@ class RayPool(HostedPool):
         """The live node with the most room for a new host: with ``resource``, one whose units are not all taken by
         this pool's live hosts; without, one with none of them, else the one with the fewest. HostLost when no node
         has room (the pool tries again a little later: a node may join or come back)."""
-        nodes = await asyncio.get_running_loop().run_in_executor(None, kernel_nodes, self.ray, self.resource)
+        try:
+            nodes = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                None, kernel_nodes, self.ray, self.resource), RAY_CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise HostLost(f"Ray did not list its nodes within {RAY_CALL_TIMEOUT_S:.0f} s") from None
         taken: dict[str, int] = {}
         for h in self.hosts:
             if h.lost is None:
@@ -318,7 +328,9 @@ class RayPool(HostedPool):
     async def close(self) -> None:
         await super().close()
         if self._owns_ray:
-            await asyncio.get_running_loop().run_in_executor(None, self.ray.shutdown)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.ray.shutdown),
+                                       CLOSE_TIMEOUT_S)
             self._owns_ray = False
 
 
