@@ -151,6 +151,30 @@ def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
     assert all(f"sandbox {limits.resolve_isolation()}" in line for line in lines[1:]), lines
 
 
+def test_a_rollout_on_ray_kernels_gives_the_transcripts_of_local_kernels(mini, format_model_dir):
+    """The one door (``open_env``, through ``replrl.api``) with ``rollout.kernel_backend = ray``: the same episodes,
+    token for token, as with the local pool, the same seeds. (The tiny model taught to type ``submit(k)`` lines is
+    the session's, which the suite's other modules make anyway; a random model's lines never end.)"""
+    from replrl import api
+    from replrl.config import Config
+    from replrl.configlib import resolve
+
+    def cfg(**rollout):
+        return resolve(Config, None, {
+            "model": {"name": str(format_model_dir), "chat_template": False},
+            "task": {"name": "tests.toy:EchoTask"},
+            "rollout": {"max_lines": 3, "max_line_tokens": 16, "max_total_tokens": 384, "wall_s": 2.0,
+                        "temperature": 1.0, **rollout}})
+
+    local = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(), group_size=4)
+    on_ray = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(kernel_backend="ray", ray_resource=LABEL),
+                                 group_size=4)
+    assert [t.text for t in on_ray] == [t.text for t in local]
+    assert [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in on_ray] == \
+           [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in local]
+    assert sum(len(t.lines) for t in local) >= 8 and any(t.submitted for t in local)  # lines ran in the kernels
+
+
 def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_on(mini):
     limits = Limits(wall_s=20.0, interrupt_grace_s=1.0, uid_base=BASE + 10_000)
     worker_id = mini.worker.node_id
