@@ -241,8 +241,8 @@ class HostedPool:
         self.isolation = self._isolation()
         self.n_hosts = min(hosts, size)
         self.max_boots = max_boots or max(1, math.ceil(max(2, os.cpu_count() or 2) / self.n_hosts))
-        self.hosts: list[Any] = []
-        """The live hosts' links (``_Host`` here; ``ray_hosts._RayHost`` for kernels on other machines)."""
+        self.hosts: list[_Host] = []
+        """The hosts' links (``_Host`` here; its subclass ``ray_hosts._RayHost`` for kernels on other machines)."""
         self.slack_s = SLACK_S
         self.start_timeout_s = START_TIMEOUT_S
         self.replace_attempts = 3
@@ -258,8 +258,8 @@ class HostedPool:
         base, extra = divmod(self.size, self.n_hosts)
         return [base + (k < extra) for k in range(self.n_hosts)]
 
-    def _new_host(self, share: int, replacing: Any = None) -> Any:
-        """A link to a new host of ``share`` kernels, not started (``replacing``: the lost host it replaces)."""
+    def _new_host(self, share: int) -> _Host:
+        """A link to a new host of ``share`` kernels, not started."""
         return _Host(self, share)
 
     async def start(self) -> HostedPool:
@@ -280,10 +280,10 @@ class HostedPool:
         self._replacing.add(task)
         task.add_done_callback(self._replacing.discard)
 
-    async def _replace(self, old: Any) -> None:
+    async def _replace(self, old: _Host) -> None:
         for attempt in range(self.replace_attempts):
             try:
-                new = await self._new_host(old.share, replacing=old).start()
+                new = await self._new_host(old.share).start()
             except HostLost:
                 await asyncio.sleep(min(5.0, 0.5 * (attempt + 1)))
                 continue
@@ -294,7 +294,7 @@ class HostedPool:
             return
         log.error("kernel host could not be replaced: %s", old.lost)
 
-    async def _acquire_lease(self) -> tuple[Any, int]:
+    async def _acquire_lease(self) -> tuple[_Host, int]:
         """A lease on the live host with the fewest kernels in use (waiting for a replacement if none is live)."""
         for _ in range(100):
             live = [h for h in self.hosts if h.lost is None]

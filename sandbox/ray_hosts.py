@@ -194,11 +194,13 @@ class _RayHost(_Host):
     async def _watch_actor(self) -> None:
         """Kill the link as soon as Ray finds the actor dead (its node lost, or killed)."""
         try:
-            await asyncio.wrap_future(self.actor.wait.remote().future())
+            code = await asyncio.wrap_future(self.actor.wait.remote().future())
         except asyncio.CancelledError:
             return
         except Exception as err:
             self.kill(f"Ray: {type(err).__name__}: {_first_line(err)}")
+        else:  # the host process ended (a no-op when the pool asked it to: the link is "closed" then)
+            self.kill(f"its host process exited ({code})")
 
     def _stop(self) -> None:
         if self._watch is not None and self._watch is not asyncio.current_task():
@@ -209,10 +211,12 @@ class _RayHost(_Host):
 
     async def _wait_closed(self) -> None:
         """The host closes its pool when asked; then the actor goes (killed after ``CLOSE_TIMEOUT_S`` at most)."""
-        if self._watch is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self._watch, CLOSE_TIMEOUT_S)
-        self._stop()
+        try:
+            if self._watch is not None:
+                with contextlib.suppress(Exception):  # a timeout, or Ray's word that the actor is gone
+                    await asyncio.wait_for(self._watch, CLOSE_TIMEOUT_S)
+        finally:
+            self._stop()
 
 
 def _first_line(err: BaseException) -> str:
@@ -283,8 +287,8 @@ class RayPool(HostedPool):
                 raise SandboxUnavailable(f"no kernel host started on the Ray cluster: {failed[0]}")
         return self
 
-    def _new_host(self, share: int, replacing: Any = None) -> Any:
-        return _RayHost(self, share, None)
+    def _new_host(self, share: int) -> _Host:
+        return _RayHost(self, share, None)  # placed when it starts: where the cluster has room then
 
     async def _pick_node(self) -> str:
         """The live node with the most room for a new host: with ``resource``, one whose units are not all taken by
