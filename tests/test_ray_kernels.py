@@ -151,6 +151,7 @@ def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
     assert all(f"sandbox {limits.resolve_isolation()}" in line for line in lines[1:]), lines
 
 
+@pytest.mark.timeout(600)  # the session's format model, where this test process has not made it yet: 1-3 minutes
 def test_a_rollout_on_ray_kernels_gives_the_transcripts_of_local_kernels(mini, format_model_dir):
     """The one door (``open_env``, through ``replrl.api``) with ``rollout.kernel_backend = ray``: the same episodes,
     token for token, as with the local pool, the same seeds. (The tiny model taught to type ``submit(k)`` lines is
