@@ -20,8 +20,8 @@ there); what it returns travels as the result's ``post``, and the side that aske
 
 Requests carry plain data only (no pickle: nothing in a message can run code on either side), and the trainer
 checks each result's types and sizes again (``result_from_data``), so a kernel host is held to the same rules as a
-kernel: the same protocol can run over a Ray actor call (issue 67) with nothing else to trust.
-"""
+kernel. A host on another machine (``ray_hosts.py``) speaks the same frames over TCP, after a first frame that
+carries the pool's secret (``host_main.serve_one``)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def max_frame(limits: Limits) -> int:
 
 
 def encode(msg: dict) -> bytes:
-    body = json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    body = encode_body(msg)
     return HEADER.pack(len(body)) + body
 
 
@@ -70,6 +70,16 @@ async def read_message(reader: asyncio.StreamReader, limit: int) -> dict | None:
         body = await reader.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
+    return decode(body, limit)
+
+
+def decode(body: Any, limit: int) -> dict:
+    """A message's body (JSON bytes) as an object; ProtocolError for one that is not bytes, is past ``limit`` bytes
+    (nothing of it is parsed), is not JSON or not an object."""
+    if not isinstance(body, bytes):
+        raise ProtocolError(f"a message that is not bytes ({type(body).__name__})")
+    if len(body) > limit:
+        raise ProtocolError(f"a message of {len(body)} bytes (the limit is {limit})")
     try:
         msg = json.loads(body)
     except (ValueError, RecursionError):
@@ -77,6 +87,11 @@ async def read_message(reader: asyncio.StreamReader, limit: int) -> dict | None:
     if not isinstance(msg, dict):
         raise ProtocolError("a message that is not an object")
     return msg
+
+
+def encode_body(msg: dict) -> bytes:
+    """A message's body, without the length header."""
+    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def limits_to_data(limits: Limits) -> dict:
