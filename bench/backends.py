@@ -351,6 +351,9 @@ def main() -> None:
     ap.add_argument("--per-token-outputs", action="store_true",
                     help="vLLM hands each row every token as it comes (its default; replrl's is one output a line): "
                          "times a line's first token apart from the rest")
+    ap.add_argument("--stop-list", action="store_true",
+                    help="REPL requests carry the newline-ending ids as vLLM's stop_token_ids list (as before "
+                         "replrl/backends/vllm/line_stop.py), not the scheduler's set: the set's price, side by side")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
                     help="a vLLM engine argument, VALUE as JSON where it parses (repeatable)")
     args = ap.parse_args()
@@ -366,6 +369,10 @@ def main() -> None:
     t0 = time.perf_counter()
     gens = {"vllm": open_generator(ModelConfig(backend="vllm", vllm=engine_args), model, tokenizer, step_stats=True,
                                    per_token_outputs=args.per_token_outputs)}
+    if args.stop_list:
+        gens["vllm"].line_stops = None
+    print(f"vLLM stop ids: {'a set in the scheduler' if getattr(gens['vllm'], 'line_stops', None) else 'a list'}",
+          flush=True)
     if not args.no_hf:
         gens["hf"] = open_generator(ModelConfig(backend="hf"), model, tokenizer)
     vllm_start = time.perf_counter() - t0

@@ -14,7 +14,10 @@
 #    (host_by_batch: the trainer's CPU-ms a line and a token, by thread; a line's round trip against idle; engine step
 #    against the interval between steps).
 # 2. backends_hosts: the same REPL rollouts with the kernels in 4 kernel-host processes (issue 65: the trainer's
-#    process sees one message a line); the plain-generation baseline is step 1's (it does not involve kernels).
+#    process sees one message a line, its output's tokens made in the host); the plain-generation baseline is
+#    step 1's (it does not involve kernels).
+# 2b. backends_stop_list: step 2 at batch 128 with the newline-ending ids as vLLM's stop list (before line_stop.py):
+#    the scheduler's set priced side by side.
 # 3. backends_hf: HF beside vLLM (the old step 1), batches 32 and 128, with every
 #    instrument of bench/backends.py: the pool's refill idle (the fix) against eager (before), CPU seconds per
 #    process group, vLLM's own per-step statistics (mixed prefill+decode steps against decode-only ones, the time
@@ -49,6 +52,8 @@ M=(--model /tmp/qwen05b-random --dtype bfloat16 --data $DATA)
 step backends 170 python3 bench/backends.py "${M[@]}" --batches 32 128 --no-hf --refill idle --kernel-hosts 0
 step backends_hosts 130 python3 bench/backends.py "${M[@]}" --batches 32 128 --no-hf --refill idle --repl-only \
   --kernel-hosts 4
+step backends_stop_list 110 python3 bench/backends.py "${M[@]}" --batches 128 --no-hf --refill idle --repl-only \
+  --kernel-hosts 4 --stop-list
 step backends_hf 200 python3 bench/backends.py "${M[@]}" --batches 32 128
 step backends_full_graphs 120 python3 bench/backends.py "${M[@]}" --batches 32 128 --no-hf --refill idle \
   --engine-arg 'compilation_config={"cudagraph_mode": "FULL"}'
