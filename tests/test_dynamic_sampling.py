@@ -196,7 +196,7 @@ def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(f
     position = read_metrics(tmp_path / "resumed")[0]["data_position"]
     cfg.run.max_steps = 2
     resumed = Trainer(cfg, tmp_path / "resumed", resume=True, progress=False)
-    assert resumed.step == 1 and resumed.problems.position == position  # the stream goes on where it stopped
+    assert resumed.step == 1 and resumed.drawer.problems.position == position  # the stream goes on where it stopped
     results: list[StepResult] = []
     resumed.train(on_step=results.append)
     (second,) = results
