@@ -233,7 +233,7 @@ def test_without_dynamic_sampling_short_trees_are_counted_by_their_own_leaves(tw
     assert not any(k.startswith("dynsamp/") for k in row)
 
 
-def test_two_processes_agree_on_the_tree_waves_and_keep_trees_whole(two_line_model_dir, tmp_path):
+def test_two_processes_draw_their_tree_waves_alone_and_keep_trees_whole(two_line_model_dir, tmp_path):
     """``accelerate launch`` with 2 CPU processes: each rolls out its share of a wave's trees and draws waves until
     it holds its share of trees with a contrast (no collective while drawing); the learner's agreement gathers every
     tree's leaves for the figures and moves both streams to the furthest rank's position; trees are kept whole."""
