@@ -11,7 +11,9 @@
     6. log / evaluate / checkpoint
 
 Written against ``accelerate.Accelerator`` (device placement, gradient accumulation, mixed precision on GPU), so
-``accelerate launch`` scales it unchanged; the collectives between ranks are ``ranks.Ranks``'s (``self.ranks``).
+``accelerate launch`` scales it unchanged; the collectives between ranks are ``ranks.Ranks``'s (``self.ranks``), run
+by the learner only: stages 1-2 are the rollout side's (``self.drawer``, draw.py), which draws this rank's share with
+no collective inside; the ranks agree on the draw once per step (``draw.agree``, one gather), then the update's.
 """
 
 from __future__ import annotations
