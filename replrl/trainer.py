@@ -347,56 +347,54 @@ class Trainer:
             signal.signal(sig, self._on_sigint)
         bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not (self.progress and self.main), dynamic_ncols=True)
-        # the rollout side opens its Env: a kernel pool of group_size kernels per problem of this rank's share, with
-        # own kernel uids per rank of this machine (uids are per machine: the local rank, not the global one)
-        rollouts = self.drawer.open(cfg, pool_size=cfg.rollout.group_size * self._local_problems(),
-                                    generator=self.generator, task=self.task, rewards=self.rewards,
-                                    uid_base=70000 + 20000 * self.accelerator.local_process_index)
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
+        rollouts = contextlib.ExitStack()
         try:
-            with rollouts as env:
-                pool = env.pool
-                if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same
-                    self.evaluate_all(pool, "before")
-                if self.main and cfg.run.eval_n and self._resumed and self._eval_due(self.step):
-                    self.evaluate_all(pool)  # the parts a kill interrupted; finished ones are kept
-                while self.step < cfg.run.max_steps and not self._stop:
-                    result = self.train_step()
-                    bar.update(1)
-                    m = result.metrics
-                    budget = {} if deadline == math.inf else \
-                        {"budget_left": f"{(deadline - time.monotonic()) / 60:.1f}m"}
-                    bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
-                                    syntax=f"{m['syntax_error_rate']:.2f}", **budget, refresh=False)
-                    if self.main and not self.progress:  # no bar (a log file): a line a step instead
-                        log.info("step %d/%d: reward %.3f, accuracy %.2f, syntax errors %.2f per line, %.1f lines per "
-                                 "episode; %.0f s (rollout %.0f s, update %.0f s)", self.step, cfg.run.max_steps,
-                                 m["reward_mean"], m["accuracy"], m["syntax_error_rate"], m["lines_per_episode"],
-                                 m["step_s"], m["rollout_s"], m["update_s"])
-                    if cfg.run.save_every and self.step % cfg.run.save_every == 0:
-                        self.save()
-                    if self.main and cfg.run.eval_n and self._eval_due(self.step):
-                        self.evaluate_all(pool)
-                    if on_step is not None:
-                        on_step(result)
-                    # every rank stops after the same step, and for the same reason (Ctrl-C skips the last
-                    # evaluation)
-                    self._stop = self.ranks.any(self._stop)
-                    out_of_time = self.ranks.any(time.monotonic() > deadline)
-                    if self._stop or out_of_time:
-                        if out_of_time:
-                            console.info("run.time_budget_min (%g min) spent after step %d of %d",
-                                         cfg.run.time_budget_min, self.step, cfg.run.max_steps)
-                        break
-                if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
+            # the rollout side opens its Env: a kernel pool of group_size kernels per problem of this rank's share,
+            # with own kernel uids per rank of this machine (uids are per machine: the local rank, not the global one)
+            pool = rollouts.enter_context(self.drawer.open(
+                cfg, pool_size=cfg.rollout.group_size * self._local_problems(), generator=self.generator,
+                task=self.task, rewards=self.rewards,
+                uid_base=70000 + 20000 * self.accelerator.local_process_index)).pool
+            if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
+                self.evaluate_all(pool, "before")
+            if self.main and cfg.run.eval_n and self._resumed and self._eval_due(self.step):
+                self.evaluate_all(pool)  # the parts a kill interrupted; finished ones are kept
+            while self.step < cfg.run.max_steps and not self._stop:
+                result = self.train_step()
+                bar.update(1)
+                m = result.metrics
+                budget = {} if deadline == math.inf else {"budget_left": f"{(deadline - time.monotonic()) / 60:.1f}m"}
+                bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
+                                syntax=f"{m['syntax_error_rate']:.2f}", **budget, refresh=False)
+                if self.main and not self.progress:  # no bar (a log file): a line a step instead
+                    log.info("step %d/%d: reward %.3f, accuracy %.2f, syntax errors %.2f per line, %.1f lines per "
+                             "episode; %.0f s (rollout %.0f s, update %.0f s)", self.step, cfg.run.max_steps,
+                             m["reward_mean"], m["accuracy"], m["syntax_error_rate"], m["lines_per_episode"],
+                             m["step_s"], m["rollout_s"], m["update_s"])
+                if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
-                if self.step and cfg.run.save_model:  # the final policy, in Hugging Face format (merged LoRA)
-                    self.save_model()
-                if self.main and cfg.run.eval_n and self.step and not self._stop and \
-                        not self._eval_due(self.step):
-                    self.evaluate_all(pool, "after")
+                if self.main and cfg.run.eval_n and self._eval_due(self.step):
+                    self.evaluate_all(pool)
+                if on_step is not None:
+                    on_step(result)
+                # every rank stops after the same step, and for the same reason (Ctrl-C skips the last evaluation)
+                self._stop = self.ranks.any(self._stop)
+                out_of_time = self.ranks.any(time.monotonic() > deadline)
+                if self._stop or out_of_time:
+                    if out_of_time:
+                        console.info("run.time_budget_min (%g min) spent after step %d of %d", cfg.run.time_budget_min,
+                                     self.step, cfg.run.max_steps)
+                    break
+            if self.step and self._saved_step != self.step:  # the end of the run, or Ctrl-C
+                self.save()
+            if self.step and cfg.run.save_model:  # the final policy, in Hugging Face format (merged LoRA)
+                self.save_model()
+            if self.main and cfg.run.eval_n and self.step and not self._stop and not self._eval_due(self.step):
+                self.evaluate_all(pool, "after")
         finally:
             bar.close()
+            rollouts.close()  # the rollout side's pool
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.metrics.close()
