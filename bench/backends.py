@@ -111,6 +111,17 @@ except ImportError:  # a commit before the kernel hosts (bench/host_ab.py runs t
             raise SystemExit("--kernel-hosts: this commit has no kernel hosts (sandbox/hosts.py)")
         return KernelPool(size=size, limits=limits, tools=tools, refill=refill)
 
+try:  # a line's output tokenized in its kernel host (issue 65); commits before it tokenize here
+    from replrl.rollout.host_splice import post_spec
+    from replrl.rollout.host_splice import take as host_splice
+except ImportError:
+
+    def post_spec(tokenizer: Any) -> None:
+        return None
+
+    def host_splice(step: Any, max_output_tokens: int, tokenizer: Any) -> None:
+        return None
+
 DATA = os.environ.get("REPLRL_GSM8K", "openai/gsm8k")  # a hub id, or a local copy (.jsonl file or directory)
 
 
@@ -162,7 +173,8 @@ async def repl_rollouts(gen: Any, pool: KernelPool, prompts: list[list[int]], to
                 step = await repl.feed(code_of(text[:-1] if text.endswith("\n") else text.replace("\n", " ")))
                 totals["wait_line_s"] += t_exec - t_line  # this row waiting for its line (its share of the batch)
                 totals["exec_s"] += time.perf_counter() - t_exec  # the line in its kernel, as the row sees it
-                env = env_token_ids(tok, step.output, step.next_prompt, 64)
+                splice = host_splice(step, 64, tok)  # (the episode's rule: rollout/episode.py)
+                env = splice.ids if splice is not None else env_token_ids(tok, step.output, step.next_prompt, 64)
                 totals["model"] += len(line.token_ids)
                 totals["lines"] += 1
         session.finish(i)
@@ -366,7 +378,8 @@ def main() -> None:
     if args.kernel_hosts:
         args.refill = args.refill[:1]
     pools = {fork: run_sync(open_pool(max(args.batches), Limits(wall_s=2.0, fork_server=fork), ["submit"],
-                                      REFILL_MODES[args.refill[0]][0], args.kernel_hosts).start())
+                                      REFILL_MODES[args.refill[0]][0], args.kernel_hosts,
+                                      **({"post": post_spec(tokenizer)} if args.kernel_hosts else {})).start())
              for fork in {REFILL_MODES[m][1] for m in args.refill}}
     pool = pools[REFILL_MODES[args.refill[0]][1]]
     try:

@@ -243,6 +243,18 @@ class RolloutConfig:
     trainer's own process; N > 0 spreads the kernels over N kernel-host processes, so the trainer's process sees one
     checked message per line (on a GPU at batch 128 one process doing everything saturated a core); -1 (auto): one
     host per 16 CPUs, at most 8, on a machine of more than 4 CPUs, else 0 (on 2 cores a host adds CPU per line)."""
+    kernel_backend: str = "local"
+    """Where the kernels run: local (this machine: the trainer's process or kernel-host processes, kernel_hosts) or
+    ray (a kernel host as a Ray actor on each node of a Ray cluster, the same pool protocol and checks: docs/ray.md;
+    needs the ray extra, pip install 'replrl[ray]'). Only the kernels go to Ray; training stays on accelerate."""
+    ray_address: str = ""
+    """With kernel_backend = ray: the Ray cluster to join (auto, host:6379, ray://head:10001); empty: $RAY_ADDRESS,
+    else auto. Turn on Ray's token authentication on every node and here (RAY_AUTH_MODE=token, docs/ray.md)."""
+    ray_kernels_per_node: int = 0
+    """With kernel_backend = ray: kernels each node's host keeps warm (0: the pool's size spread over the nodes)."""
+    ray_resource: str = ""
+    """With kernel_backend = ray: only nodes that offer this custom Ray resource take kernels, e.g. CPU-only nodes
+    started with ray start --resources='{"replrl_kernels": 1}'; a host takes 1 of it. Empty: every live node."""
     kernel_fork_server: bool = True
     """Fork each episode's kernel from a pre-imported parent inside the sandbox (a fresh kernel costs about a tenth of
     a boot's CPU; same namespaces, view, uid and limits: docs/sandbox.md). Used at the bwrap level when replrl runs
@@ -289,6 +301,12 @@ class RolloutConfig:
         check_choice("rollout.kernel_refill", self.kernel_refill, ("idle", "eager"))
         if self.kernel_hosts < -1:
             raise ConfigError("rollout.kernel_hosts must be -1 (auto), 0 (the trainer's process) or a number of hosts")
+        check_choice("rollout.kernel_backend", self.kernel_backend, ("local", "ray"))
+        if self.ray_kernels_per_node < 0:
+            raise ConfigError("rollout.ray_kernels_per_node must be >= 0 (0: the pool's size spread over the nodes)")
+        if self.kernel_backend == "ray" and self.kernel_hosts > 0:
+            raise ConfigError("rollout.kernel_hosts sets local kernel-host processes; with rollout.kernel_backend = "
+                              "ray each node runs one host: leave kernel_hosts at -1")
         if self.dynamic_sampling_extra_waves < 0:
             raise ConfigError("rollout.dynamic_sampling_extra_waves must be >= 0")
         if self.dynamic_sampling_probe and not self.dynamic_sampling:
@@ -306,12 +324,23 @@ class RolloutConfig:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_line_tokens=self.max_line_tokens, seed=self.seed if seed is None else seed)
 
-    def kernel_pool(self, size: int, tools, limits=None):
+    def kernel_pool(self, size: int, tools, limits=None, post=None):
         """The kernel pool of ``size`` kernels for this config (not started): in the trainer's process or in
-        kernel-host processes (``kernel_hosts``), with ``kernel_refill``."""
+        kernel-host processes (``kernel_hosts``), or on a Ray cluster's nodes (``kernel_backend = ray``), with
+        ``kernel_refill``; ``post``: the hosts' post-processor, or a function giving it (called only where there
+        are hosts)."""
+        if self.kernel_backend == "ray":
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError("rollout.kernel_backend = ray needs Ray >= 2.52: pip install 'replrl[ray]'")
+            from sandbox.ray_hosts import RayPool
+
+            return RayPool(size, limits or self.limits(), tools, self.kernel_refill, address=self.ray_address or None,
+                           kernels_per_node=self.ray_kernels_per_node, resource=self.ray_resource, post=post)
         from sandbox.hosts import open_pool
 
-        return open_pool(size, limits or self.limits(), tools, self.kernel_refill, self.kernel_hosts)
+        return open_pool(size, limits or self.limits(), tools, self.kernel_refill, self.kernel_hosts, post)
 
     def limits(self):
         from sandbox import Limits

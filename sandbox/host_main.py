@@ -1,6 +1,7 @@
 """A kernel host: the process that owns a share of a pool's kernels (``python -m sandbox.host_main FD``).
 
-It runs an ordinary ``KernelPool`` on its own event loop and serves the trainer through the unix socket it inherits
+It runs an ordinary ``KernelPool`` (``host_core.HostCore``, which the Ray actor of ``ray_hosts.py`` runs too) on
+its own event loop and serves the trainer through the unix socket it inherits
 as ``FD`` (``host_protocol.py``): every kernel's sockets, HMAC, JSON, budgets, checks, interrupts and replacements
 cost this process's CPU, not the trainer's. It ends when the trainer closes the socket or asks it to, or dies
 (``PR_SET_PDEATHSIG``): its pool is closed, so no kernel outlives it.
@@ -11,17 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hmac
 import logging
 import os
 import signal
 import socket
 import sys
-from typing import Any
 
-from .host_protocol import ProtocolError, encode, limits_from_data, read_message, result_to_data
-from .kernel import Kernel
-from .pool import KernelPool
-from .result import ExecResult
+from .host_core import HostCore
+from .host_protocol import ProtocolError, encode, read_message
 
 REQUEST_LIMIT = 2**20 + 4 * 2**20
 """The largest request the host reads: a line of code is small; 5 MiB leaves room for a setup cell."""
@@ -36,84 +35,44 @@ def _die_with_parent() -> None:
 
 
 class Host:
+    """A ``HostCore`` behind the trainer's socket: each request is answered with its id, several at once."""
+
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
-        self.pool: KernelPool | None = None
-        self.leases: dict[int, tuple[Any, Kernel]] = {}
-        self.next_lease = 0
+        self.core = HostCore()
         self.tasks: set[asyncio.Task] = set()
 
     def reply(self, msg: dict) -> None:
         if not self.writer.transport.is_closing():
             self.writer.write(encode(msg))
 
-    def stats(self) -> dict:
-        pool = self.pool
-        return {} if pool is None else {"boots": pool.boots, "boots_while_busy": pool.boots_while_busy,
-                                        "failures": pool.failures, "warm": pool.warm, "in_use": pool.in_use}
-
-    async def open(self, msg: dict) -> None:
-        self.pool = KernelPool(size=int(msg["size"]), limits=limits_from_data(msg["limits"]),
-                               tools=[str(t) for t in msg.get("tools", [])], refill=msg.get("refill", "idle"),
-                               max_boots=msg.get("max_boots"))
-        await self.pool.start()
-        self.reply({"ok": True, "stats": self.stats()})
-
     async def handle(self, msg: dict) -> None:
-        rid = msg.get("id")
-        try:
-            op = msg.get("op")
-            if op == "acquire":
-                assert self.pool is not None
-                scope = self.pool.acquire()
-                kernel = await scope.__aenter__()
-                self.next_lease += 1
-                self.leases[self.next_lease] = (scope, kernel)
-                self.reply({"id": rid, "lease": self.next_lease, "stats": self.stats()})
-            elif op == "execute":
-                _, kernel = self.leases[msg["lease"]]
-                result = await kernel.execute(msg["code"], mode=msg.get("mode", "exec"), timeout=msg.get("timeout"),
-                                              digest=bool(msg.get("digest")))
-                self.reply({"id": rid, "result": result_to_data(result)})
-            elif op == "stats":
-                self.reply({"id": rid, "stats": self.stats()})
-            elif op == "release":
-                scope, _ = self.leases.pop(msg["lease"])
-                await scope.__aexit__(None, None, None)
-                self.reply({"id": rid, "stats": self.stats()})
-            else:
-                self.reply({"id": rid, "error": f"unknown op {op!r}"})
-        except Exception as err:  # a request the host cannot serve: the trainer hears why, the host goes on
-            if msg.get("op") == "execute":
-                self.reply({"id": rid, "result": result_to_data(ExecResult(
-                    "crashed", restarted=True, limit=f"the kernel host could not run it: {type(err).__name__}"))})
-            else:
-                self.reply({"id": rid, "error": f"{type(err).__name__}: {err}"})
+        self.reply({"id": msg.get("id"), **await self.core.handle(msg)})
 
     async def close(self) -> None:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        for scope, _ in list(self.leases.values()):
-            with contextlib.suppress(Exception):
-                await scope.__aexit__(None, None, None)
-        self.leases.clear()
-        if self.pool is not None:
-            await self.pool.close()
+        await self.core.close()
 
 
 async def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock, limit=2**16)
+    await serve_stream(reader, writer)
+
+
+async def serve_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Serve the trainer on one connection (the process host's socket pair, or a Ray actor's TCP connection) until
+    it closes or asks the host to; then close the pool."""
     host = Host(writer)
     try:
         first = await read_message(reader, REQUEST_LIMIT)
         if first is None or first.get("op") != "open":
             return
-        try:
-            await host.open(first)
-        except Exception as err:
-            host.reply({"error": f"{type(err).__name__}: {err}"})
+        opened = await host.core.open(first)
+        host.reply(opened)
+        if "error" in opened:
             return
         while True:
             msg = await read_message(reader, REQUEST_LIMIT)
@@ -129,11 +88,51 @@ async def serve(fd: int) -> None:
         writer.transport.abort()
 
 
+HELLO_TIMEOUT_S = 10.0
+"""How long a connection to a listening host has to present the secret."""
+
+
+async def serve_one(fd: int, secret: str) -> None:
+    """Listen on the TCP socket ``fd`` (a Ray actor's host, ``ray_hosts.py``): the first connection whose first
+    frame is ``{"secret": secret}`` is served, and the socket is closed; any other connection is dropped."""
+    served = asyncio.get_running_loop().create_future()
+    expected = secret.encode()
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await asyncio.wait_for(read_message(reader, 256), HELLO_TIMEOUT_S)
+        except (asyncio.TimeoutError, ProtocolError):
+            hello = None
+        given = str((hello or {}).get("secret", "")).encode()
+        if served.done() or not hmac.compare_digest(given, expected):
+            writer.transport.abort()
+            return
+        served.set_result(None)
+        server.close()
+        try:
+            await serve_stream(reader, writer)
+        finally:
+            done.set()
+
+    done = asyncio.Event()
+    server = await asyncio.start_server(client, sock=socket.socket(fileno=fd), limit=2**16)
+    await done.wait()
+
+
 def main(argv: list[str] | None = None) -> None:
+    """``FD``: serve the trainer on the connected unix socket FD; ``--listen FD``: on the first connection to the
+    listening TCP socket FD that presents the secret (read from stdin)."""
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
+    # A host started from a thread that blocks SIGINT (Ray's do) inherits the mask, and so would its kernels: an
+    # interrupt would never arrive and every timeout would kill the kernel. Kernels start with none blocked.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     logging.basicConfig(level=logging.WARNING, format="kernel host %(process)d: %(message)s")
-    asyncio.run(serve(int(argv[0])))
+    if argv[0] == "--listen":
+        secret = sys.stdin.readline().strip()
+        asyncio.run(serve_one(int(argv[1]), secret))
+    else:
+        asyncio.run(serve(int(argv[0])))
 
 
 if __name__ == "__main__":

@@ -5,18 +5,23 @@ budgets and checks of ``zmtp.py`` and ``reply.py``, interrupts and replacements.
 these messages, each a length-prefixed JSON object over one unix socket per host:
 
     trainer -> host                                           host -> trainer
-    {"op": "open", "size", "limits", "tools", "refill"}       {"ok": true, "stats"} | {"error": why}
+    {"op": "open", "size", "limits", "tools", "refill",       {"ok": true, "stats"} | {"error": why}
+     "post"}
     {"id", "op": "acquire"}                                   {"id", "lease", "stats"} | {"id", "error"}
-    {"id", "op": "execute", "lease", "code", "mode",          {"id", "result": ExecResult as data}
-     "timeout", "digest"}
+    {"id", "op": "execute", "lease", "code", "mode",          {"id", "result": ExecResult as data, its "post"
+     "timeout", "digest"}                                      the post-processor's data or null}
     {"id", "op": "release", "lease"}                          {"id", "stats"}
     {"id", "op": "stats"}                                     {"id", "stats"}: boots, warm, in use
     {"op": "close"}                                           (the host closes its pool and exits)
 
+``post`` (optional): ``["module:callable", {arguments}]``, a post-processor the host builds once at open and calls
+on every result it sends, in the host (the rollout side's: ``replrl.rollout.host_splice`` tokenizes the output
+there); what it returns travels as the result's ``post``, and the side that asked for it checks it.
+
 Requests carry plain data only (no pickle: nothing in a message can run code on either side), and the trainer
 checks each result's types and sizes again (``result_from_data``), so a kernel host is held to the same rules as a
-kernel: the same protocol can run over a Ray actor call (issue 67) with nothing else to trust.
-"""
+kernel. A host on another machine (``ray_hosts.py``) speaks the same frames over TCP, after a first frame that
+carries the pool's secret (``host_main.serve_one``)."""
 
 from __future__ import annotations
 
@@ -41,12 +46,13 @@ class ProtocolError(Exception):
 
 def max_frame(limits: Limits) -> int:
     """The largest message a host may send for ``limits``: a result with ``max_output_bytes`` characters of
-    output at 6 JSON bytes each (a control character as ``\\u0001``), tool calls, digest and headers."""
-    return 2**20 + 6 * limits.max_output_bytes
+    output at 6 JSON bytes each (a control character as ``\\u0001``), tool calls, digest and headers, and a
+    post-processor's data about as large again (a token id a character, 7 bytes each)."""
+    return 2**20 + 13 * limits.max_output_bytes
 
 
 def encode(msg: dict) -> bytes:
-    body = json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    body = encode_body(msg)
     return HEADER.pack(len(body)) + body
 
 
@@ -64,6 +70,16 @@ async def read_message(reader: asyncio.StreamReader, limit: int) -> dict | None:
         body = await reader.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
+    return decode(body, limit)
+
+
+def decode(body: Any, limit: int) -> dict:
+    """A message's body (JSON bytes) as an object; ProtocolError for one that is not bytes, is past ``limit`` bytes
+    (nothing of it is parsed), is not JSON or not an object."""
+    if not isinstance(body, bytes):
+        raise ProtocolError(f"a message that is not bytes ({type(body).__name__})")
+    if len(body) > limit:
+        raise ProtocolError(f"a message of {len(body)} bytes (the limit is {limit})")
     try:
         msg = json.loads(body)
     except (ValueError, RecursionError):
@@ -71,6 +87,11 @@ async def read_message(reader: asyncio.StreamReader, limit: int) -> dict | None:
     if not isinstance(msg, dict):
         raise ProtocolError("a message that is not an object")
     return msg
+
+
+def encode_body(msg: dict) -> bytes:
+    """A message's body, without the length header."""
+    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def limits_to_data(limits: Limits) -> dict:

@@ -18,7 +18,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from . import host_protocol as hp
@@ -41,7 +41,9 @@ class HostLost(Exception):
 
 
 class _Host:
-    """One kernel-host process and its socket, from the trainer's side."""
+    """One kernel-host process and its socket, from the trainer's side. What is the process's own (``_connect``,
+    ``_stop``, ``_wait_closed``) is apart from the protocol, so a host elsewhere (``ray_hosts._RayHost``: an actor
+    and a TCP connection) is driven by the same code."""
 
     def __init__(self, pool: HostedPool, share: int):
         self.pool, self.share = pool, share
@@ -54,7 +56,8 @@ class _Host:
         self._reader_task: asyncio.Task | None = None
         self._writer: asyncio.StreamWriter | None = None
 
-    async def start(self) -> _Host:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Start the host and connect to it (the process host: a child on one end of a socket pair)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
@@ -63,13 +66,35 @@ class _Host:
                                          pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=mine, limit=2**16)
+        return await asyncio.open_unix_connection(sock=mine, limit=2**16)
+
+    def _stop(self) -> None:
+        """Kill the host now."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+
+    async def _wait_closed(self) -> None:
+        """Wait for the host, asked to close, to be gone; kill it if it has not within 10 s."""
+        if self.proc is not None:
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.wait_for(loop.run_in_executor(None, self.proc.wait), 10.0)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await loop.run_in_executor(None, self.proc.wait)
+
+    def _name(self) -> str:
+        return str(self.proc.pid if self.proc else None)
+
+    async def start(self) -> _Host:
+        reader, self._writer = await self._connect()
         limit = hp.max_frame(self.pool.limits)
         self._writer.write(hp.encode({"op": "open", "size": self.share, "limits": hp.limits_to_data(self.pool.limits),
                                       "tools": list(self.pool.tools), "refill": self.pool.refill,
-                                      "max_boots": self.pool.max_boots}))
+                                      "max_boots": self.pool.max_boots, "post": self.pool.post}))
         try:
-            first = await asyncio.wait_for(hp.read_message(reader, limit), START_TIMEOUT_S)
+            first = await asyncio.wait_for(hp.read_message(reader, limit), self.pool.start_timeout_s)
         except (asyncio.TimeoutError, hp.ProtocolError) as err:
             self.kill(f"it did not start: {type(err).__name__}")
             raise HostLost(self.lost) from None
@@ -130,10 +155,8 @@ class _Host:
         if self.lost is not None:
             return
         self.lost = why
-        log.warning("kernel host %s lost: %s", self.proc.pid if self.proc else None, why)
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self.proc.kill()
+        log.warning("kernel host %s lost: %s", self._name(), why)
+        self._stop()
         for fut in self.pending.values():
             if not fut.done():
                 fut.cancel()
@@ -153,13 +176,7 @@ class _Host:
                 await self._writer.drain()
         if self._reader_task is not None:
             self._reader_task.cancel()
-        if self.proc is not None:
-            loop = asyncio.get_running_loop()
-            try:
-                await asyncio.wait_for(loop.run_in_executor(None, self.proc.wait), 10.0)
-            except asyncio.TimeoutError:
-                self.proc.kill()
-                await loop.run_in_executor(None, self.proc.wait)
+        await self._wait_closed()
         if self._writer is not None:
             self._writer.transport.abort()
 
@@ -182,15 +199,24 @@ class HostedKernel:
                       digest: bool = False) -> ExecResult:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        try:
-            if self.host is None or self.host.lost is not None:
+        if self.host is None or self.host.lost is not None:
+            try:
                 await self._lease()
+            except (HostLost, RuntimeError) as err:  # no host could hand out a kernel in time: this line's crash
+                self.restarts += 1
+                self.host = None
+                return ExecResult("crashed", restarted=True, duration_s=loop.time() - t0,
+                                  limit=f"no kernel host could hand out a kernel: {err}")
+        try:
             assert self.host is not None
             wall = self.limits.wall_s if timeout is None else timeout
             msg = await self.host.call({"op": "execute", "lease": self.lease, "code": code, "mode": mode,
                                         "timeout": timeout, "digest": digest},
-                                       wall + self.limits.interrupt_grace_s + SLACK_S)
-            return hp.result_from_data(msg.get("result"), self.tools, self.limits.max_output_bytes)
+                                       wall + self.limits.interrupt_grace_s + self.pool.slack_s)
+            data = msg.get("result")
+            result = hp.result_from_data(data, self.tools, self.limits.max_output_bytes)
+            result.post = data.get("post")  # checked by whoever asked for it (HostedPool's post)
+            return result
         except (HostLost, Malformed) as err:
             if isinstance(err, Malformed) and self.host is not None:
                 self.host.kill(f"it sent a malformed result ({err})")
@@ -211,25 +237,41 @@ class HostedPool:
     """``KernelPool``'s protocol, served by ``hosts`` kernel-host processes (see the module docstring)."""
 
     def __init__(self, size: int = 4, limits: Limits | None = None, tools: Sequence[str] = (),
-                 refill: str = "idle", max_boots: int | None = None, hosts: int = 2):
+                 refill: str = "idle", max_boots: int | None = None, hosts: int = 2,
+                 post: tuple[str, dict] | Callable[[], tuple[str, dict] | None] | None = None):
         if size < 1 or hosts < 1:
             raise ValueError("HostedPool size and hosts must be >= 1")
         self.size, self.limits, self.tools, self.refill = size, limits or Limits(), tuple(tools), refill
-        self.isolation = self.limits.resolve_isolation()
+        post = post() if callable(post) else post
+        self.post = list(post) if post else None
+        """``["module:callable", {arguments}]``: a post-processor each host builds once and calls on every result,
+        its data the result's ``post`` (``host_protocol.py``; the rollout side's tokenizes a line's output there)."""
+        self.isolation = self._isolation()
         self.n_hosts = min(hosts, size)
         self.max_boots = max_boots or max(1, math.ceil(max(2, os.cpu_count() or 2) / self.n_hosts))
         self.hosts: list[_Host] = []
+        """The hosts' links (``_Host`` here; its subclass ``ray_hosts._RayHost`` for kernels on other machines)."""
+        self.slack_s = SLACK_S
+        self.start_timeout_s = START_TIMEOUT_S
+        self.replace_attempts = 3
         self._replacing: set[asyncio.Task] = set()
         self._closed = False
         self.hosts_lost = 0
         """Kernel hosts lost so far (died, killed for the protocol or a deadline)."""
 
+    def _isolation(self) -> str:
+        return self.limits.resolve_isolation()
+
     def _shares(self) -> list[int]:
         base, extra = divmod(self.size, self.n_hosts)
         return [base + (k < extra) for k in range(self.n_hosts)]
 
+    def _new_host(self, share: int) -> _Host:
+        """A link to a new host of ``share`` kernels, not started."""
+        return _Host(self, share)
+
     async def start(self) -> HostedPool:
-        self.hosts = list(await asyncio.gather(*(_Host(self, share).start() for share in self._shares())))
+        self.hosts = list(await asyncio.gather(*(self._new_host(share).start() for share in self._shares())))
         return self
 
     async def __aenter__(self) -> HostedPool:
@@ -247,11 +289,11 @@ class HostedPool:
         task.add_done_callback(self._replacing.discard)
 
     async def _replace(self, old: _Host) -> None:
-        for attempt in range(3):
+        for attempt in range(self.replace_attempts):
             try:
-                new = await _Host(self, old.share).start()
+                new = await self._new_host(old.share).start()
             except HostLost:
-                await asyncio.sleep(0.5 * (attempt + 1))
+                await asyncio.sleep(min(5.0, 0.5 * (attempt + 1)))
                 continue
             if self._closed:
                 await new.close()
@@ -272,7 +314,7 @@ class HostedPool:
             host = min(live, key=lambda h: h.in_use)
             host.in_use += 1
             try:
-                msg = await host.call({"op": "acquire"}, START_TIMEOUT_S)
+                msg = await host.call({"op": "acquire"}, self.start_timeout_s)
             except HostLost:
                 continue
             if "lease" not in msg:
@@ -344,10 +386,10 @@ def auto_hosts(cpus: int | None = None) -> int:
 
 
 def open_pool(size: int, limits: Limits, tools: Sequence[str] = (), refill: str = "idle",
-              hosts: int = -1) -> KernelPool | HostedPool:
+              hosts: int = -1, post: Any = None) -> KernelPool | HostedPool:
     """The pool for ``hosts`` (-1: ``auto_hosts()``; 0: a ``KernelPool`` in this process; N: a ``HostedPool`` of N
-    hosts), not started: ``await pool.start()`` or ``async with``."""
+    hosts, ``post`` its post-processor), not started: ``await pool.start()`` or ``async with``."""
     hosts = auto_hosts() if hosts < 0 else hosts
     if hosts == 0:
         return KernelPool(size=size, limits=limits, tools=tools, refill=refill)  # type: ignore[arg-type]
-    return HostedPool(size=size, limits=limits, tools=tools, refill=refill, hosts=hosts)
+    return HostedPool(size=size, limits=limits, tools=tools, refill=refill, hosts=hosts, post=post)

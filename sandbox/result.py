@@ -62,6 +62,10 @@ class ExecResult:
     """The namespace digest after the execution, when it was asked for and the kernel answered."""
     limit: str | None = None
     """When a total ended the kernel (``crashed``): which, in words ("memory limit: ..."); else None."""
+    post: Any = field(default=None, repr=False, compare=False)
+    """What the pool's post-processor made of this result in its kernel host (``HostedPool(post=...)``, e.g. the
+    output's tokens): plain data as the host sent it, unchecked here: whoever asked for it checks it. None for a
+    kernel in this process, a host without a post-processor, or one whose post-processor failed."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

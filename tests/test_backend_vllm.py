@@ -261,6 +261,35 @@ def test_seeded_determinism(gen, tok):
     assert lines(7, 1) == first[:1]  # a row's samples do not depend on which rows share its steps
 
 
+def test_lines_stop_in_the_engine_by_its_set_exactly_as_by_the_list(gen, tok):
+    """The scheduler's stop check as a set (``line_stop.py``): in place in this vLLM's engine core, and the same
+    lines (tokens, log-probs, how each ended) as requests that carry the 1,000-odd stop ids as a list."""
+    assert gen.line_stops is not None  # the engine's core answered READY: requests name the stop-id file
+    use_model(gen, tok, {"\n": 6.0, "<|im_end|>": 2.0})
+    others = sorted(gen.line_end - {one_id(tok, "\n")})[:40:8]  # a few more of the newline-ending ids
+    gen.logit_bias = {**gen.logit_bias, **{t: 6.0 for t in others}}
+    prompts = [ids_of(tok, f">>> y = {i}\n>>> ") for i in range(6)]
+    env = lambda i, k: ids_of(tok, ">>>")  # noqa: E731
+
+    def lines() -> list[list[tuple[list[int], str]]]:
+        params = SamplingParams(seed=3, max_line_tokens=12)
+        eps = asyncio.run(run_episodes(gen.session(prompts, params), prompts, [4] * 6, env))
+        return [[(line.token_ids, line.finish, [round(p, 5) for p in line.logprobs]) for line in ep.lines]
+                for ep in eps]
+
+    by_set = lines()
+    stops, gen.line_stops = gen.line_stops, None
+    try:
+        by_list = lines()
+    finally:
+        gen.line_stops = stops
+    assert by_set == by_list
+    finishes = {finish for ep in by_set for _, finish, _ in ep}
+    ends = {ids[-1] for ep in by_set for ids, finish, _ in ep if finish == "newline"}
+    assert "newline" in finishes and len(ends) > 1  # stopped at more than one of the newline-ending ids
+    assert all(tok.decode([t]).endswith("\n") for t in ends)
+
+
 def test_eos_and_length(gen, tok):
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     endoftext = tok.convert_tokens_to_ids("<|endoftext|>")

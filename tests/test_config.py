@@ -58,6 +58,8 @@ def test_saved_config_round_trips(tmp_path):
     ({"rewards": {"weights": {"nope": 1.0}}}, "unknown reward term 'nope'"),
     ({"model": {"sync_transport": "nccl"}},
      "model.sync_transport must be one of auto, cuda_ipc, shm, rpc; got 'nccl'"),
+    ({"rollout": {"kernel_backend": "k8s"}}, "rollout.kernel_backend must be one of local, ray; got 'k8s'"),
+    ({"rollout": {"kernel_backend": "ray", "kernel_hosts": 2}}, "each node runs one host"),
 ])
 def test_bad_values_are_one_line_errors(overrides, message):
     from replrl.rewards import RewardModel
@@ -243,3 +245,15 @@ def test_eval_sampling_options():
     assert resolve(Config, None, {"run": {"eval_temperature": 0.3}}).run.eval_sampling_temperature(0.7) == 0.3
     with pytest.raises(ConfigError, match="^run.eval_samples must be >= 1; got 0$"):
         resolve(Config, None, {"run": {"eval_samples": 0}})
+
+
+def test_kernels_on_ray_without_ray_is_one_line(monkeypatch):
+    """``kernel_backend = ray`` where Ray is not installed: the pool's builder says what to install, in one line."""
+    import importlib.util
+
+    from replrl.config import RolloutConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"needs Ray >= 2.52: pip install 'replrl\[ray\]'$"):
+        RolloutConfig(kernel_backend="ray").kernel_pool(2, [])

@@ -15,7 +15,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Print what this machine gives replrl: the sandbox isolation level and whether "
                        "host files are hidden from model-written code, package versions, CPU/GPU, and whether the "
                        "default model is cached; it starts one real kernel and runs 1+1 in it, and exits non-zero "
-                       "when that fails. Paste it into bug reports.")
+                       "when that fails. With rollout.kernel_backend = ray (a config file or the option) it also "
+                       "lists the Ray nodes that take kernels: each node's sandbox level and kernels. Paste it into "
+                       "bug reports.")
+    p.add_argument("config", nargs="?", help="TOML config file (optional): its rollout.kernel_backend and ray_* "
+                   "options say whether to list a Ray cluster's nodes")
+    p.add_argument("--rollout.kernel_backend", dest="kernel_backend", choices=("local", "ray"), default=None,
+                   help="ray: list the nodes of the Ray cluster (rollout.ray_address) that take kernels")
+    p.add_argument("--rollout.ray_address", dest="ray_address", default=None, help="the Ray cluster to ask")
+    p.add_argument("--rollout.ray_resource", dest="ray_resource", default=None,
+                   help="only nodes offering this Ray resource take kernels")
     p.set_defaults(func=run)
 
 
@@ -59,7 +68,35 @@ def kernel_line() -> tuple[bool, str]:
     return ok, f"kernel start: {how}"
 
 
-def report() -> tuple[str, bool]:
+def ray_lines(rollout) -> list[str]:
+    """One line per Ray node that takes kernels (``rollout.kernel_backend = ray``): its address, CPUs, sandbox level
+    (a weaker one said in words), whether host files and the network are the kernels' own, and its kernels."""
+    from sandbox.ray_hosts import cluster_report
+
+    where = rollout.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+    nodes = cluster_report(rollout.ray_address or None, rollout.ray_resource, rollout.limits())
+    share = (f"{rollout.ray_kernels_per_node} kernels" if rollout.ray_kernels_per_node else
+             f"1/{max(1, len(nodes))} of the pool's kernels")
+    auth = os.environ.get("RAY_AUTH_MODE", "disabled")
+    lines = [f"kernels: on Ray ({where}; token authentication: {auth}): {len(nodes)} node(s) take kernels" +
+             (f" (resource {rollout.ray_resource!r})" if rollout.ray_resource else "")]
+    for n in nodes:
+        head = (f"ray node {str(n.get('node_id'))[:12]} ({n.get('host', '?')}, {n.get('address')}, "
+                f"{n.get('cpus', '?')} cpus)")
+        level = n.get("isolation")
+        if level is None:
+            lines.append(f"{head}: NO sandbox ({n.get('why')})")
+            continue
+        seccomp = next((how for what, how in n.get("mechanisms", []) if what == "seccomp"), "?").split(":")[0]
+        lines.append(f"{head}: sandbox {level}" + ("" if level == "bwrap" else " (WEAKER than bwrap)") +
+                     ", host files " + ("hidden" if n.get("hides_host_files") else "VISIBLE") +
+                     ", network " + ("a namespace of the kernel's own" if n.get("network_namespace") else
+                                     "SHARED with the node (Ray's ports reachable)") +
+                     f", seccomp {seccomp}, {share}")
+    return lines
+
+
+def report(rollout=None) -> tuple[str, bool]:
     """The report's text, and whether a kernel started (False: ``replrl env`` exits non-zero)."""
     import torch
 
@@ -79,14 +116,28 @@ def report() -> tuple[str, bool]:
     lines += sandbox_lines()
     started, line = kernel_line()
     lines.append(line)
+    if rollout is not None and rollout.kernel_backend == "ray":
+        lines += ray_lines(rollout)
     cached = default_model_cached()
     where = f"cached ({cached})" if cached else f"not cached yet (fetched once from PyPI into {cache_dir()})"
     lines.append(f"default model ({SMOLLM2_ALIAS}): {where}")
     return "\n".join(lines), started
 
 
+def rollout_config(args: argparse.Namespace):
+    """The rollout section of ``args``' config file and options, or None when neither names one."""
+    from ..config import Config
+    from ..configlib import resolve
+
+    given = {key: getattr(args, key) for key in ("kernel_backend", "ray_address", "ray_resource")
+             if getattr(args, key, None) is not None}
+    if not given and not getattr(args, "config", None):
+        return None
+    return resolve(Config, getattr(args, "config", None), {"rollout": given}).rollout
+
+
 def run(args: argparse.Namespace) -> int:
-    text, started = report()
+    text, started = report(rollout_config(args))
     print(text, flush=True)
     if not started:
         why = next(line for line in text.splitlines() if line.startswith("kernel start: "))

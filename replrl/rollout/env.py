@@ -19,6 +19,7 @@ from ..backends.base import Generator
 from ..config import RolloutConfig
 from ..rewards import RewardModel
 from ..tasks.base import Task, task_from_config
+from .host_splice import post_spec
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def open_env(cfg: Any, *, pool_size: int, generator: Generator | None = None, ta
             opened.callback(generator.close)
         task = task_from_config(cfg) if task is None else task
         limits = None if uid_base is None else replace(cfg.rollout.limits(), uid_base=uid_base)
-        pool = run_sync(cfg.rollout.kernel_pool(pool_size, task.tools, limits).start())
+        pool = run_sync(cfg.rollout.kernel_pool(pool_size, task.tools, limits,
+                                                post=lambda: post_spec(generator.tokenizer)).start())
         opened.callback(lambda: run_sync(pool.close()))
         yield Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout), rewards,
                   chat_template=cfg.model.chat_template, chat_template_kwargs=cfg.model.chat_template_kwargs)

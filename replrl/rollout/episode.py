@@ -29,6 +29,7 @@ from ..repl import ReplSession, ReplStep
 from ..tasks.base import SETUP_TIMEOUT_S, Task, TaskError, row_label, setup_source
 from ..types import Line, LineSample, SamplingParams, Trajectory
 from .env import Env
+from .host_splice import take as take_host_splice
 from .transcript import code_of, decode, env_splice, env_token_ids
 
 SUBMIT = "submit"
@@ -189,7 +190,8 @@ async def _play_line(gen: GenSession, i: int, ep: Episode, env: Env, spec: _Spec
         traj.end_reason = "max_lines"
     env_ids: list[int] = []
     if not traj.end_reason:
-        splice = env_splice(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
+        splice = take_host_splice(step, rules.max_output_tokens, tokenizer) \
+            or env_splice(tokenizer, step.output, step.next_prompt, rules.max_output_tokens)
         env_ids = splice.ids
         if len(traj.token_ids) + len(env_ids) + 1 >= rules.max_total_tokens:
             traj.end_reason = "max_tokens"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from replrl.backends import BackendError
 from replrl.backends.step_log import StepLog
 from replrl.backends.vllm.engine_loop import EngineLoop
 from replrl.backends.vllm.line_rule import MASKS_FILE, LineRuleLogitsProcessor
+from replrl.backends.vllm.line_stop import STOPS_FILE, engine_ready
 from replrl.backends.vllm.session import EngineStopped, VLLMSession
 from replrl.backends.vllm.weights import EngineWeights, WeightSyncExtension
 from replrl.contract import eos_ids, line_end_ids, token_masks
@@ -149,6 +151,7 @@ class VLLMGenerator:
         if generation_config is not None:
             generation_config.save_pretrained(self._dir)
         tokenizer.save_pretrained(self._dir)
+        (self._dir / STOPS_FILE).write_text(json.dumps(self.stop_ids))
         masks = token_masks(tokenizer, vocab)
         torch.save({"anywhere": masks.anywhere, "line_start": masks.line_start}, self._dir / MASKS_FILE)
 
@@ -196,6 +199,10 @@ class VLLMGenerator:
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.loop, self._dir, self.tasks)
         self.max_model_len = self.engine.model_config.max_model_len
+        self.line_stops: str | None = str(self._dir / STOPS_FILE) if self.loop.call(engine_ready(self.engine)) \
+            else None
+        """The stop-id file a line's request names (``line_stop.py``: a set in the engine's scheduler); None where
+        the engine's core has no wrapper: requests carry ``stop_ids``."""
         self.sync_weights(model)
 
     @property

@@ -13,6 +13,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from replrl.backends.vllm.line_stop import install as install_line_stop
 from replrl.contract import TokenMasks
 
 LINE_RULE_KEY = "replrl_line_rule"
@@ -74,3 +75,6 @@ class LineRuleLogitsProcessor(LogitsProcessor):
             rows = torch.tensor(inside, device=logits.device)                                   # [R]
             logits[rows.unsqueeze(1), self.anywhere_ids] = float("-inf")                        # [R, K]
         return logits
+
+
+install_line_stop()  # here: the engine's core imports this module (its config names the processor), see line_stop.py

@@ -20,6 +20,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from replrl.backends import BackendError
 from replrl.backends.vllm.engine_loop import EngineLoop
 from replrl.backends.vllm.line_rule import LINE_RULE_KEY
+from replrl.backends.vllm.line_stop import LINE_STOP_KEY
 from replrl.contract import row_seed
 from replrl.types import LineSample, SamplingParams
 
@@ -44,7 +45,10 @@ class SessionHost(Protocol):
     line_end: frozenset[int]
     """Ids whose text ends with a newline (finish "newline")."""
     stop_ids: list[int]
-    """Both, sorted: a request's ``stop_token_ids``."""
+    """Both, sorted: a request's ``stop_token_ids`` (where ``line_stops`` is None)."""
+    line_stops: str | None
+    """The stop-id file a line's request names (``line_stop.py``: a set in the engine's scheduler); None: requests
+    carry ``stop_ids``."""
     logit_bias: dict[int, float] | None
     """Added to the logits before anything else (tests make tiny random models end lines with it)."""
     max_model_len: int
@@ -195,11 +199,13 @@ class VLLMSession:
         # one random stream per row: vLLM seeds a request's generator from its first chunk and keeps it (a request
         # after a rollback: a stream of its own)
         seed = None if s.seed is None else row_seed(s.seed, i, self._rows[i].restarts)
+        stops = self._gen.line_stops  # a set in the engine's scheduler (line_stop.py), or the list
         return vllm.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
             max_tokens=max_tokens, logprobs=0, detokenize=False,
-            stop_token_ids=self._gen.stop_ids, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA,
-            logit_bias=self._gen.logit_bias, extra_args={LINE_RULE_KEY: True},
+            stop_token_ids=None if stops else self._gen.stop_ids, skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA, logit_bias=self._gen.logit_bias,
+            extra_args={LINE_RULE_KEY: True, LINE_STOP_KEY: stops} if stops else {LINE_RULE_KEY: True},
             # made for this row's request: vLLM need not deep-copy it (with the 1,467 stop ids that copy was
             # 1.6 of the trainer process's 8-10 CPU-ms a line, docs/results/host_profile.md)
             skip_clone=True,

@@ -1,0 +1,229 @@
+"""Kernels on other machines (issue 67): kernel hosts as Ray actors on a two-node Ray mini-cluster on this machine
+(``ray.cluster_utils.Cluster``, token authentication on). The pool gives what the local pool gives, line for line
+over several kernels; a node removed mid-line ends that line as ``crashed`` within its deadline and the episode goes
+on; no process is left after shutdown. One cluster for the module (Ray's start is most of its time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+
+import pytest
+
+# Token authentication on, with a token of this process's own (nothing written under ~/.ray): Ray reads the mode
+# once, when it is imported, so it is set before the import, for this test process and the cluster it starts.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
+ray = pytest.importorskip("ray", reason="kernels on Ray need the ray extra (pip install 'replrl[ray]')")
+
+from replrl.cli.env import ray_lines  # noqa: E402
+from replrl.config import RolloutConfig  # noqa: E402
+from sandbox import KernelPool, Limits, run_sync  # noqa: E402
+from sandbox.ray_hosts import RayPool  # noqa: E402
+from tests.test_kernel_hosts import uids_running  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+LABEL = "replrl_kernels"
+BASE = 460_000
+"""The kernels' ``uid_base`` here (test_kernel_hosts uses 400,000-459,999)."""
+LINES = ["x = 21", "x * 2", "for i in range(3):\n    print(i)\n", "1/0", "submit(x)", "print('é\\x00')",
+         "import time; time.sleep(3)", "x"]
+STORE = 78_643_200
+
+
+def descendants() -> set[int]:
+    """Pids of this process's descendants (the cluster's raylets, GCS and workers; the kernels under them)."""
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Mini:
+    """The module's cluster: a head and one worker node, both offering one unit of ``LABEL``; token auth on."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(initialize_head=True, head_node_args=dict(
+            num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE, include_dashboard=False))
+        self.worker = self.cluster.add_node(num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE)
+        ray.init(address=self.cluster.address, log_to_driver=False)
+        self.pids: set[int] = set()
+        self.up = True
+
+    def shutdown(self) -> None:
+        if self.up:
+            self.up = False
+            self.pids |= descendants()
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            self.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mini():
+    m = Mini()
+    try:
+        yield m
+    finally:
+        m.shutdown()
+
+
+def local_results(limits: Limits) -> list[list]:
+    async def go():
+        async with KernelPool(size=2, limits=limits, tools=["submit"]) as pool:
+            return await episodes(pool)
+
+    return run_sync(go())
+
+
+async def episodes(pool) -> list[list]:
+    """Two episodes at once, each on its own kernel, the same lines (one shifted by one): what each line gave."""
+    async def one(shift: int) -> list:
+        async with pool.acquire() as k:
+            return [await k.execute(code, mode="single", timeout=1.0) for code in LINES[shift:] + LINES[:shift]]
+
+    return list(await asyncio.gather(one(0), one(1)))
+
+
+def fields(r) -> tuple:
+    return r.status, r.output, r.error_name, r.tool_calls, r.restarted, r.truncated
+
+
+def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
+    limits = Limits(wall_s=5.0, uid_base=BASE)
+    cfg = RolloutConfig(kernel_backend="ray", ray_resource=LABEL)
+    pool = cfg.kernel_pool(2, ["submit"], limits)
+    assert isinstance(pool, RayPool)
+
+    gcs_host, gcs_port = mini.cluster.address.rsplit(":", 1)  # model code cannot reach Ray, nor read its token
+    reach = (f"import socket\ntry:\n    socket.create_connection(({gcs_host!r}, {gcs_port}), timeout=2)\n"
+             "    print('open')\nexcept OSError as e:\n    print('unreachable', type(e).__name__)\n")
+    ray_env = "import os; sorted(k for k in os.environ if 'RAY' in k)"
+
+    async def go():
+        async with pool:
+            nodes = pool.nodes()
+            on_ray = await episodes(pool)
+            async with pool.acquire() as k:
+                probe = [await k.execute(reach), await k.execute(ray_env, mode="single")]
+            return nodes, on_ray, probe
+
+    nodes, on_ray, probe = run_sync(go())
+    assert len({n["node_id"] for n in nodes}) == 2 and [n["kernels"] for n in nodes] == [1, 1]
+    assert all(n["isolation"] == limits.resolve_isolation() for n in nodes)
+    local = local_results(limits)
+    for ep_local, ep_ray in zip(local, on_ray, strict=True):
+        assert [fields(r) for r in ep_local] == [fields(r) for r in ep_ray]
+    assert [r.status for r in on_ray[0]] == ["ok", "ok", "ok", "error", "ok", "ok", "timeout", "ok"]
+    assert on_ray[0][5].output == "é\ufffd\n" and on_ray[0][4].tool_calls[0].args == [21]
+    assert not uids_running(BASE)
+
+    if limits.resolve_isolation() in ("bwrap", "unshare"):
+        assert probe[0].output.startswith("unreachable"), probe[0]
+    assert probe[1].output == "[]\n"
+
+    lines = ray_lines(cfg)  # `replrl env` with rollout.kernel_backend = ray: one line per node
+    assert len(lines) == 3 and "token authentication: token" in lines[0] and "2 node(s)" in lines[0]
+    assert all(f"sandbox {limits.resolve_isolation()}" in line for line in lines[1:]), lines
+
+
+@pytest.mark.timeout(600)  # the session's format model, where this test process has not made it yet: 1-3 minutes
+def test_a_rollout_on_ray_kernels_gives_the_transcripts_of_local_kernels(mini, format_model_dir):
+    """The one door (``open_env``, through ``replrl.api``) with ``rollout.kernel_backend = ray``: the same episodes,
+    token for token, as with the local pool, the same seeds. (The tiny model taught to type ``submit(k)`` lines is
+    the session's, which the suite's other modules make anyway; a random model's lines never end.)"""
+    from replrl import api
+    from replrl.config import Config
+    from replrl.configlib import resolve
+
+    def cfg(**rollout):
+        return resolve(Config, None, {
+            "model": {"name": str(format_model_dir), "chat_template": False},
+            "task": {"name": "tests.toy:EchoTask"},
+            "rollout": {"max_lines": 3, "max_line_tokens": 16, "max_total_tokens": 384, "wall_s": 2.0,
+                        "temperature": 1.0, **rollout}})
+
+    local = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(), group_size=4)
+    on_ray = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(kernel_backend="ray", ray_resource=LABEL),
+                                 group_size=4)
+    assert [t.text for t in on_ray] == [t.text for t in local]
+    assert [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in on_ray] == \
+           [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in local]
+    assert sum(len(t.lines) for t in local) >= 8 and any(t.submitted for t in local)  # lines ran in the kernels
+
+
+def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_on(mini):
+    limits = Limits(wall_s=20.0, interrupt_grace_s=1.0, uid_base=BASE + 10_000)
+    worker_id = mini.worker.node_id
+
+    pool = run_sync(RayPool(size=2, limits=limits, resource=LABEL, start_timeout_s=60.0).start())
+
+    async def lose_a_node():
+        async with pool.acquire() as a, pool.acquire() as b:
+            k = a if a.host.node_id == worker_id else b
+            assert k.host.node_id == worker_id
+            assert (await k.execute("x = 1")).status == "ok"
+            t0 = time.monotonic()
+            line = asyncio.ensure_future(k.execute("import time; time.sleep(15); print('slept')"))
+            await asyncio.sleep(1.0)
+            await asyncio.get_running_loop().run_in_executor(None, mini.cluster.remove_node, mini.worker)
+            crashed = await line
+            took = time.monotonic() - t0
+            return crashed, took, await k.execute("print('after')"), pool.hosts_lost
+
+    async def replaced() -> list:
+        deadline = time.monotonic() + 60
+        while len([h for h in pool.hosts if h.lost is None]) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return sorted(h.node_id for h in pool.hosts if h.lost is None)
+
+    try:
+        crashed, took, after, lost = run_sync(lose_a_node())
+        # the head's one unit of LABEL is taken: the replacement waits for room, and a node that joins has it
+        new_node = mini.cluster.add_node(num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE).node_id
+        placed = run_sync(replaced())
+    finally:
+        run_sync(pool.close())
+    assert crashed.status == "crashed" and crashed.restarted and "kernel host was lost" in crashed.limit, crashed
+    assert took < 15.0, took  # Ray's word on the dead actor, not the line's end nor its deadline (36 s)
+    assert after.status == "ok" and after.output == "after\n"  # a fresh kernel on the node that is left
+    assert lost == 1 and ("ActorDiedError" in crashed.limit or "it exited" in crashed.limit), crashed.limit
+    assert new_node in placed and worker_id not in placed and len(placed) == 2, placed
+    deadline = time.monotonic() + 10
+    while uids_running(BASE + 10_000) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not uids_running(BASE + 10_000)  # the lost node's kernels died with their host
+
+
+def test_no_process_is_left_after_shutdown(mini):
+    mini.shutdown()
+    deadline = time.monotonic() + 15
+    while any(map(alive, mini.pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in mini.pids if alive(pid)]
+    assert mini.pids and not left, left
+    assert not uids_running(BASE) and not uids_running(BASE + 10_000)
