@@ -82,10 +82,11 @@ def measure(spec: str, device: str, syncs: int, transports: tuple[str, ...], dty
         for i in range(syncs):
             for k, transport in enumerate(times):
                 nudge(model, len(times) * i + k)
-                gen.sync_transport = transport
+                gen.weights.transport = transport
                 gen.sync_weights(model)
-                times[transport].append(gen.last_sync_s)
-                print(f"  sync {i + 1}/{syncs} {transport}: {gen.last_sync_s:.3f} s", file=sys.stderr, flush=True)
+                times[transport].append(gen.weights.last_sync_s)
+                print(f"  sync {i + 1}/{syncs} {transport}: {gen.weights.last_sync_s:.3f} s", file=sys.stderr,
+                      flush=True)
         diff = probe_diff(gen, model, tok)
     finally:
         gen.close()

@@ -14,7 +14,8 @@ estimators normalise within a group of any size and the loss averages over whate
 trains as an ordinary, smaller GRPO group. (A group of one leaf compares with nothing: never a contrast.) The figures
 count the episodes a group really has (``WaveRecord.episodes``).
 
-``replrl/draw.py`` runs the waves (with the problem stream, the sampler and the ranks); this module holds the pure
+``replrl/draw.py`` runs the waves (with the problem stream and the sampler, each rank on its own share, and merges
+every rank's waves for the learner's agreement: ``merge_waves``); this module holds the pure
 parts: which reward is compared (``CONTRAST_SIGNALS``), whether a group has a contrast, which groups a step keeps,
 and the step's figures.
 """
@@ -93,8 +94,9 @@ def select_groups(contrast: Sequence[bool], want: int, at_least: int = 1) -> lis
 
 @dataclass
 class WaveRecord:
-    """One wave of a step, over every process: its groups' contrast flags, its rollout wall time, and each group's
-    episodes (``group_size`` for flat groups; a tree's leaves, fewer when it fell short)."""
+    """One wave of a step (one rank's, or every rank's merged by ``draw.merge_waves``): its groups' contrast flags, its
+    rollout wall time, and each group's episodes (``group_size`` for flat groups; a tree's leaves, fewer when it fell
+    short)."""
 
     contrast: list[bool]
     wall_s: float

@@ -11,7 +11,9 @@
     6. log / evaluate / checkpoint
 
 Written against ``accelerate.Accelerator`` (device placement, gradient accumulation, mixed precision on GPU), so
-``accelerate launch`` scales it unchanged; the collectives between ranks are ``ranks.Ranks``'s (``self.ranks``).
+``accelerate launch`` scales it unchanged; the collectives between ranks are ``ranks.Ranks``'s (``self.ranks``), run
+by the learner only: stages 1-2 are the rollout side's (``self.drawer``, draw.py), which draws this rank's share with
+no collective inside; the ranks agree on the draw once per step (``draw.agree``, one gather), then the update's.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-from sandbox import run_sync
 from sandbox.limits import hides_host_files
 from sandbox.protocols import Pool
 
@@ -48,7 +49,7 @@ from .backends import SleepingGenerator, open_generator
 from .config import Config
 from .configlib import ConfigError, to_dict, to_toml
 from .contract import TokenMasks, token_masks
-from .draw import Drawn, ProblemStream, draw_step
+from .draw import Drawer, Drawn, ProblemStream, agree
 from .dynamic_sampling import WAVE_SEED_STRIDE, check_signal, group_has_contrast
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows
 from .loss import TokenScorer, agg_units, grpo_loss, masked_mean
@@ -70,7 +71,6 @@ from .provenance import record_environment
 from .ranks import Ranks
 from .rewards import RewardModel
 from .rollout import Env, EpisodeRules, TreeShape, summarize
-from .rollout.host_splice import post_spec
 from .tasks import task_from_config
 from .types import SamplingParams, Trajectory
 
@@ -261,7 +261,9 @@ class Trainer:
         self.predict_output = OutputPrediction(cfg.loss.predict_output, cfg.loss.predict_output_metrics)
         """loss.predict_output: the cross-entropy on the interpreter's output tokens (off: nothing added)."""
         self.step = 0
-        self.problems = ProblemStream(self.train_rows, cfg.run.seed)
+        self.drawer = Drawer(cfg.rollout, self.tree, self.wave_sampling, ProblemStream(self.train_rows, cfg.run.seed),
+                             self.rank, self.world)
+        """The rollout side (draw.py): its Env (opened in ``train``), the problem stream, each step's draw."""
         self._resumed = resume
         if resume:
             self._resume()
@@ -301,7 +303,7 @@ class Trainer:
         else:
             state = checkpoint.load_state(path, self.optimizer, self.scheduler)
         self.step = state["step"]
-        self.problems.position = state["data_position"]
+        self.drawer.problems.position = state["data_position"]
         log.info("resumed from %s (step %d)", path, self.step)
 
     def _lr_factor(self, step: int) -> float:
@@ -345,20 +347,21 @@ class Trainer:
             signal.signal(sig, self._on_sigint)
         bar = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step",
                    disable=not (self.progress and self.main), dynamic_ncols=True)
-        local_problems = self._local_problems()
-        # own kernel uids per rank of this machine (uids are per machine: the local rank, not the global one)
-        limits = dataclasses.replace(cfg.rollout.limits(),
-                                     uid_base=70000 + 20000 * self.accelerator.local_process_index)
-        pool = run_sync(cfg.rollout.kernel_pool(cfg.rollout.group_size * local_problems, self.task.tools,
-                                                limits, post=lambda: post_spec(self.tokenizer)).start())
         deadline = time.monotonic() + 60 * cfg.run.time_budget_min if cfg.run.time_budget_min else math.inf
+        rollouts = contextlib.ExitStack()
         try:
+            # the rollout side opens its Env: a kernel pool of group_size kernels per problem of this rank's share,
+            # with own kernel uids per rank of this machine (uids are per machine: the local rank, not the global one)
+            pool = rollouts.enter_context(self.drawer.open(
+                cfg, pool_size=cfg.rollout.group_size * self._local_problems(), generator=self.generator,
+                task=self.task, rewards=self.rewards,
+                uid_base=70000 + 20000 * self.accelerator.local_process_index)).pool
             if self.main and cfg.run.eval_n and cfg.run.eval_before and self.step == 0:  # untrained, same problems
                 self.evaluate_all(pool, "before")
             if self.main and cfg.run.eval_n and self._resumed and self._eval_due(self.step):
                 self.evaluate_all(pool)  # the parts a kill interrupted; finished ones are kept
             while self.step < cfg.run.max_steps and not self._stop:
-                result = self.train_step(pool)
+                result = self.train_step()
                 bar.update(1)
                 m = result.metrics
                 budget = {} if deadline == math.inf else {"budget_left": f"{(deadline - time.monotonic()) / 60:.1f}m"}
@@ -391,7 +394,7 @@ class Trainer:
                 self.evaluate_all(pool, "after")
         finally:
             bar.close()
-            run_sync(pool.close())
+            rollouts.close()  # the rollout side's pool
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.metrics.close()
@@ -535,20 +538,29 @@ class Trainer:
         """Problems this rank samples a step (the kernel pool holds ``group_size`` kernels for each)."""
         return -(-self.cfg.rollout.problems_per_step // self.world)
 
-    def train_step(self, pool: Pool) -> StepResult:
-        """One training step, its six stages; the step's figures are written, and returned with this rank's
-        episodes."""
+    def train_step(self) -> StepResult:
+        """One training step, its six stages (inside ``train``: the rollout side's Env is open); the step's figures
+        are written, and returned with this rank's episodes."""
         cfg, t_step = self.cfg, time.perf_counter()
-        env = self.env(pool)  # the reward weights scheduled for this step
+        assert self.drawer.env is not None, "train_step runs inside train(), which opens the rollout side's Env"
+        pool = self.drawer.env.pool
         self.model.eval()  # the policy samples in eval mode, without gradients
         boots = pool.boots_while_busy
-        # 1-2. problems and group rollouts (flat, trees, or dynamic sampling's waves): draw.py
-        drawn = draw_step(env, self.problems, cfg.rollout, self.tree, self.wave_sampling, self.ranks, self.step,
-                          stop=lambda: self._stop)
+        # 1-2. problems and group rollouts (flat, trees, or dynamic sampling's waves) on this rank: draw.py, which
+        # runs no collective
+        drawn = self.drawer.draw(self.step, stop=lambda: self._stop)
+        # 1-2b. the ranks' agreement, once per step (one gather): every rank's groups, the tree/ and dynsamp/ figures
+        # over every rank, the stream's furthest position
+        drawn = agree(drawn, self.ranks.gather([drawn.summary()]), cfg.rollout.group_size)
+        self.drawer.problems.position = drawn.position
+        if drawn.waves is not None and drawn.waves.bound_reached and self.main:
+            contrast = sum(c for w in drawn.waves.records for c in w.contrast)
+            log.info("step %d: %d of %d groups with a contrast after %d waves (the bound); training on those",
+                     self.step + 1, contrast, cfg.rollout.problems_per_step, len(drawn.waves.records))
         t_rollout = time.perf_counter() - t_step
         # 3. rewards: attached per line during the rollout; the step's figures report each term, over all ranks'
         # episodes (with dynamic sampling: every episode drawn, kept or not, so accuracy stays the policy's)
-        metrics = self._rollout_figures(drawn, env.rewards, boots=pool.boots_while_busy - boots)
+        metrics = self._rollout_figures(drawn, self.rewards.at(self.step), boots=pool.boots_while_busy - boots)
         # 4. advantages (the estimator takes the options of cfg.advantages it declares)
         batch, adv = self._advantages(drawn.mine, metrics)
         # 5. loss and optimizer step(s)
@@ -563,7 +575,7 @@ class Trainer:
         # 6. log (evaluation and checkpoints are decided in train())
         metrics.update({"rollout_s": t_rollout, "update_s": time.perf_counter() - t_update,
                         "step_s": time.perf_counter() - t_step, "lr": self.scheduler.get_last_lr()[0],
-                        "data_position": self.problems.position})
+                        "data_position": self.drawer.problems.position})
         self.metrics.write(self.step, metrics)
         if self.main and cfg.run.log_samples_every and self.step % cfg.run.log_samples_every == 0:
             self.metrics.samples(self.step, [g[0] for g in drawn.groups[:2]])
@@ -862,13 +874,13 @@ class Trainer:
             with self._sharded():
                 return checkpoint.save_sharded(self.run_dir, self.step, self.scorer, model, self.tokenizer,
                                                self.optimizer.optimizer, self.scheduler,
-                                               {"data_position": self.problems.position},
+                                               {"data_position": self.drawer.problems.position},
                                                keep=self.cfg.run.keep_checkpoints)
         path, error = None, None
         if self.main:
             try:
                 path = checkpoint.save(self.run_dir, self.step, model, self.tokenizer, self.optimizer,
-                                       self.scheduler, {"data_position": self.problems.position},
+                                       self.scheduler, {"data_position": self.drawer.problems.position},
                                        keep=self.cfg.run.keep_checkpoints)
             except OSError as e:  # e.g. a full disk: the last good checkpoint is intact; every rank stops
                 error = e

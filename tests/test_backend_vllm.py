@@ -371,8 +371,8 @@ def test_sync_weights_after_an_optimizer_step(gen, tok, lora, transport, bucket,
     log-probs of the same probe are the trained model's (not the old ones, not read from a stale prefix cache).
     Both transports: the shared-memory file (the default) and bytes through vLLM's RPC; the whole model in one
     bucket, and streamed in buckets of one decoder layer (or one other weight) each, every bucket its own load."""
-    monkeypatch.setattr(gen, "sync_transport", transport)
-    monkeypatch.setattr(gen, "sync_bucket_bytes", bucket)
+    monkeypatch.setattr(gen.weights, "transport", transport)
+    monkeypatch.setattr(gen.weights, "bucket_bytes", bucket)
     model = tiny_model(tok, seed=11, head_dim=64)
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -469,14 +469,14 @@ def test_sync_that_overruns_its_bound_is_one_line_and_the_engine_recovers(gen, t
     """A sync past ``sync_timeout_s`` raises WeightSyncTimeout (a TimeoutError: the CLI prints it as one line); a
     later sync within the bound works, and the engine then samples from the synced model."""
     model = tiny_model(tok, seed=5, head_dim=64)
-    monkeypatch.setattr(gen, "sync_timeout_s", 1e-6)
+    monkeypatch.setattr(gen.weights, "timeout_s", 1e-6)
     with pytest.raises(vllm_backend.WeightSyncTimeout, match=r"did not finish within 1e-06 s \(model.sync_timeout_s\)"
                        ) as err:
         gen.sync_weights(model)
     assert isinstance(err.value, TimeoutError) and "\n" not in str(err.value)
-    monkeypatch.setattr(gen, "sync_timeout_s", 300.0)
+    monkeypatch.setattr(gen.weights, "timeout_s", 300.0)
     gen.sync_weights(model)
-    assert 0 < gen.last_sync_s < 300
+    assert 0 < gen.weights.last_sync_s < 300
     assert_engine_samples_from(gen, tok, model)
 
 
@@ -485,19 +485,20 @@ def test_auto_transport_is_shared_memory_for_cpu_weights_and_falls_back_when_cud
     """``auto`` moves weights on the CPU through shared memory; ``cuda_ipc`` asked for CPU weights is a clear
     error; and when ``auto``'s CUDA IPC fails (made to fail here: CPU weights) the sync falls back to shared memory
     with one warning, stays there, and the engine samples from the synced weights."""
-    monkeypatch.setattr(gen, "sync_transport", "auto")
+    monkeypatch.setattr(gen.weights, "transport", "auto")
     gen.sync_weights(tiny_model(tok, seed=4, head_dim=64))
     assert gen.last_sync_transport == "shm"
-    monkeypatch.setattr(gen, "sync_transport", "cuda_ipc")
+    monkeypatch.setattr(gen.weights, "transport", "cuda_ipc")
     with pytest.raises(ValueError, match="needs weights on a CUDA device"):
         gen.sync_weights(tiny_model(tok, seed=4, head_dim=64))
-    monkeypatch.setattr(gen, "sync_transport", "auto")
-    monkeypatch.setattr(gen, "_ipc_failed", False)
-    monkeypatch.setattr(gen, "_transport", lambda named: "cuda_ipc")  # as on a GPU: auto tries CUDA IPC first
+    monkeypatch.setattr(gen.weights, "transport", "auto")
+    monkeypatch.setattr(gen.weights, "ipc_failed", False)
+    # as on a GPU: auto tries CUDA IPC first
+    monkeypatch.setattr(gen.weights, "transport_for", lambda named: "cuda_ipc")
     model = tiny_model(tok, seed=6, head_dim=64)
     with caplog.at_level("WARNING", logger="replrl.backends.vllm"):
         gen.sync_weights(model)
-    assert gen.last_sync_transport == "shm" and gen._ipc_failed
+    assert gen.last_sync_transport == "shm" and gen.weights.ipc_failed
     assert [r.message for r in caplog.records if "CUDA IPC failed" in r.message]
     assert_engine_samples_from(gen, tok, model)
 
@@ -529,7 +530,7 @@ def test_weights_on_the_gpu_sync_by_cuda_ipc(gen, tok, monkeypatch):
     """With the trainer's weights on the engine's GPU, ``auto`` syncs by CUDA IPC: the engine then samples from
     those weights (log-probs as the trainer computes them), also after a second model is written into the same
     buffer (the worker keeps the buffer open, so the copy must be complete before it reads)."""
-    monkeypatch.setattr(gen, "sync_transport", "auto")
+    monkeypatch.setattr(gen.weights, "transport", "auto")
     for seed in (21, 22):
         model = tiny_model(tok, seed=seed, head_dim=64)
         gen.sync_weights(model.to("cuda"))
@@ -645,8 +646,8 @@ def test_closing_one_engine_leaves_the_others_serving(gen, tok):
     gen.sync_weights(model)
     other = vllm_backend.VLLMGenerator(tiny_model(tok, head_dim=64), tok, max_model_len=256, kv_cache_gib=0.25,
                                        engine_args=EAGER)
-    assert other._loop.loop is gen._loop.loop
+    assert other.loop.loop is gen.loop.loop
     probe_logprobs(other, tok, ids_of(tok, "x = 1\n>>>"), SamplingParams(seed=3, max_line_tokens=4))
     other.close()
-    assert gen._loop.loop.is_running()
+    assert gen.loop.loop.is_running()
     assert_engine_samples_from(gen, tok, model)

@@ -15,7 +15,7 @@ import torch
 
 from replrl.config import Config
 from replrl.configlib import ConfigError, resolve
-from replrl.draw import ProblemStream
+from replrl.draw import Drawn, ProblemStream, Waves, agree, merge_waves
 from replrl.dynamic_sampling import (
     WaveRecord,
     check_signal,
@@ -26,7 +26,7 @@ from replrl.dynamic_sampling import (
     wave_metrics,
 )
 from replrl.metrics import read_metrics
-from replrl.rollout import rollout, split_by_group
+from replrl.rollout import RolloutStats, rollout, split_by_group
 from replrl.trainer import StepResult, Trainer
 from replrl.types import Trajectory
 from sandbox import KernelPool, run_sync
@@ -114,6 +114,46 @@ def test_screening_figures():
     assert "dynsamp/screened_episodes" not in wave_metrics([WaveRecord([True], 1.0, [4])], [0], 4, False)
 
 
+def test_every_rank_s_waves_merge_as_one_step_s():
+    # rank 0 drew 2 waves (its groups 0, 1 | 2, 3; kept: 2, with a contrast), rank 1 one wave (groups 0, 1; kept: 1).
+    # Merged wave 1 holds both ranks' first waves: rank 0's 0, 1 -> 0, 1, rank 1's 0, 1 -> 2, 3 (the longer wall,
+    # 10 s); wave 2 rank 0's second wave: 2, 3 -> 4, 5. Kept: rank 0's 2 -> 4, rank 1's 1 -> 3.
+    r0 = Waves([WaveRecord([False, False], 10.0, [4, 4]), WaveRecord([True, False], 6.0, [4, 4])], [2], False)
+    r1 = Waves([WaveRecord([False, True], 7.0, [4, 4])], [1], False)
+    m = merge_waves([r0, r1])
+    assert m.records == [WaveRecord([False, False, False, True], 10.0, [4, 4, 4, 4]),
+                         WaveRecord([True, False], 6.0, [4, 4])]
+    assert m.kept == [3, 4] and not m.bound_reached and m.completion is None
+    # 24 episodes for 2 kept groups; discarded: wave 1's 3 of 4 groups (7.5 s), wave 2's 1 of 2 (3 s)
+    assert wave_metrics(m.records, m.kept, 4, m.bound_reached) == {
+        "dynsamp/waves": 2.0, "dynsamp/groups_drawn": 6.0, "dynsamp/groups_kept": 2.0,
+        "dynsamp/discarded_rollout_s": 10.5, "dynsamp/bound_reached": 0.0, "dynsamp/short_groups_kept": 0.0,
+        "dynsamp/episodes_per_kept_group": 12.0}
+    # screening: completions renumbered with the groups, the longest completion's time, the bound if any rank hit it
+    r0 = Waves([WaveRecord([True, False], 2.0, [2, 2])], [0], False, {0: 2}, 1.5)
+    r1 = Waves([WaveRecord([False, False], 2.5, [2, 2])], [0], True, {}, 0.1)
+    m = merge_waves([r0, r1])
+    assert (m.kept, m.completion, m.completion_s, m.bound_reached) == ([0, 2], {0: 2}, 1.5, True)
+    assert merge_waves([r0]) is r0  # one rank: as it is
+
+
+def test_the_learners_agreement_takes_every_rank_s_groups_and_the_furthest_position():
+    def drawn(groups: int, position: int, waves: Waves | None) -> Drawn:
+        gs = [[Trajectory(token_ids=[1], loss_mask=[1], logprobs=[0.0], prompt_len=0, text="", group=g)]
+              for g in range(groups)]
+        return Drawn([t for g in gs for t in g], gs, RolloutStats(), 3, position, waves)
+
+    mine = drawn(1, 4, Waves([WaveRecord([True], 1.0, [1])], [0], False))
+    other = drawn(2, 6, Waves([WaveRecord([False], 1.0, [1]), WaveRecord([True], 1.0, [1])], [1], False))
+    agreed = agree(mine, [mine.summary(), other.summary()], group_size=1)
+    assert agreed.position == 6 and len(agreed.groups) == 3 and agreed.mine == mine.mine
+    assert agreed.policy_version == 3 and agreed.figures["dynsamp/waves"] == 2.0
+    assert agreed.figures["dynsamp/groups_kept"] == 2.0
+    # one rank, no dynamic sampling: the draw as it is, no figures
+    flat = drawn(2, 2, None)
+    assert agree(flat, [flat.summary()], group_size=1) == flat
+
+
 def test_config_checks():
     with pytest.raises(ConfigError, match="dynamic_sampling_extra_waves"):
         resolve(Config, None, {"rollout": {"dynamic_sampling_extra_waves": -1}})
@@ -196,7 +236,7 @@ def test_kept_groups_have_a_contrast_and_a_resumed_run_draws_the_same_problems(f
     position = read_metrics(tmp_path / "resumed")[0]["data_position"]
     cfg.run.max_steps = 2
     resumed = Trainer(cfg, tmp_path / "resumed", resume=True, progress=False)
-    assert resumed.step == 1 and resumed.problems.position == position  # the stream goes on where it stopped
+    assert resumed.step == 1 and resumed.drawer.problems.position == position  # the stream goes on where it stopped
     results: list[StepResult] = []
     resumed.train(on_step=results.append)
     (second,) = results

@@ -184,7 +184,7 @@ def test_tree_groups_are_kept_when_their_leaves_differ_and_a_resumed_run_draws_t
 
     cfg.run.max_steps = 2
     resumed = Trainer(cfg, tmp_path / "run", resume=True, progress=False)
-    assert resumed.step == 1 and resumed.problems.position == position  # the stream goes on where it stopped
+    assert resumed.step == 1 and resumed.drawer.problems.position == position  # the stream goes on where it stopped
     results: list[StepResult] = []
     resumed.train(on_step=results.append)
     (second,) = results
@@ -233,9 +233,10 @@ def test_without_dynamic_sampling_short_trees_are_counted_by_their_own_leaves(tw
     assert not any(k.startswith("dynsamp/") for k in row)
 
 
-def test_two_processes_agree_on_the_tree_waves_and_keep_trees_whole(two_line_model_dir, tmp_path):
-    """``accelerate launch`` with 2 CPU processes: each rolls out its share of every wave's trees, every process sees
-    every tree's leaves, so all decide alike; the kept trees are dealt out whole."""
+def test_two_processes_draw_their_tree_waves_alone_and_keep_trees_whole(two_line_model_dir, tmp_path):
+    """``accelerate launch`` with 2 CPU processes: each rolls out its share of a wave's trees and draws waves until
+    it holds its share of trees with a contrast (no collective while drawing); the learner's agreement gathers every
+    tree's leaves for the figures and moves both streams to the furthest rank's position; trees are kept whole."""
     from tests.test_multiprocess import launch
 
     run = tmp_path / "run"
@@ -261,9 +262,10 @@ def test_two_processes_agree_on_the_tree_waves_and_keep_trees_whole(two_line_mod
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2], "only the main process writes metrics"
     waves = 0
-    for r in rows:  # both ranks drew the same waves (else the stream positions, and the collectives, would differ)
+    for r in rows:  # the step's waves are the furthest rank's; a rank that stopped earlier drew fewer trees
         waves += r["dynsamp/waves"]
         assert r["data_position"] == 2 * waves
+        assert r["dynsamp/waves"] < r["dynsamp/groups_drawn"] <= 2 * r["dynsamp/waves"]
         assert r["dynsamp/groups_kept"] == 2 or r["dynsamp/bound_reached"] == 1
         assert r["episodes"] == 4 * r["dynsamp/groups_drawn"]  # every tree of both ranks, 4 leaves each
         assert r["rank_weight_drift"] == 0.0, "the ranks' weights diverged"

@@ -75,7 +75,7 @@ def test_resume_continues_at_the_next_step(format_model_dir, tmp_path):
     run = tmp_path / "run"
     Trainer(toy_config(format_model_dir), run, progress=False).train()
     resumed = Trainer(toy_config(format_model_dir, max_steps=3), run, resume=True, progress=False)
-    assert resumed.step == 2 and resumed.problems.position == 4
+    assert resumed.step == 2 and resumed.drawer.problems.position == 4
     resumed.train()
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert json.loads((checkpoint.latest(run) / "state.json").read_text())["step"] == 3

@@ -80,7 +80,7 @@ def main(out: str, variant: str = "") -> None:
 
     result = {"world": world, "before": torch.tensor(before),
               "before_expected": trained_logprobs(biased(copy.deepcopy(stale_model)), prompt, line, params),
-              "after": torch.tensor(after), "cached": cached, "sync_s": gen.last_sync_s,
+              "after": torch.tensor(after), "cached": cached, "sync_s": gen.weights.last_sync_s,
               "expected": trained_logprobs(biased(twin), prompt, line_again, params),
               "stale": trained_logprobs(biased(stale_model), prompt, line_again, params)}
     gen.close()

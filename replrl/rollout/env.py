@@ -87,11 +87,12 @@ class Env:
 
 @contextlib.contextmanager
 def open_env(cfg: Any, *, pool_size: int, generator: Generator | None = None, task: Task | None = None,
-             rewards: RewardModel | None = None, step: int = 0) -> Iterator[Env]:
+             rewards: RewardModel | None = None, step: int = 0, uid_base: int | None = None) -> Iterator[Env]:
     """``with open_env(cfg, pool_size=8) as env:`` an Env composed from a ``Config``, for every door that rolls out
-    outside the Trainer (``replrl.evaluate``, ``sample_episodes``, ``replrl eval``/``rollout``, the bench scripts): a
-    started kernel pool of ``pool_size`` kernels (``cfg.rollout.kernel_pool``: its limits, ``kernel_refill`` and
-    ``kernel_hosts``; the task's tools), ``EpisodeRules.from_config``, the reward model of ``cfg.rewards`` with the
+    (the Trainer's ``draw.Drawer``, ``replrl.evaluate``, ``sample_episodes``, ``replrl eval``/``rollout``, the bench
+    scripts): a started kernel pool of ``pool_size`` kernels (``cfg.rollout.kernel_pool``: its limits,
+    ``kernel_refill`` and ``kernel_hosts``; the task's tools; its kernels' uids from ``uid_base`` when given: the
+    Trainer's, per rank of a machine), ``EpisodeRules.from_config``, the reward model of ``cfg.rewards`` with the
     weights scheduled for ``step``, ``[model]``'s chat template options.
 
     ``generator``, ``task``, ``rewards``: parts the caller already holds (a Trainer's generator, a Python task), used
@@ -108,7 +109,8 @@ def open_env(cfg: Any, *, pool_size: int, generator: Generator | None = None, ta
             generator = open_generator(cfg.model, policy, tokenizer)
             opened.callback(generator.close)
         task = task_from_config(cfg) if task is None else task
-        pool = run_sync(cfg.rollout.kernel_pool(pool_size, task.tools,
+        limits = None if uid_base is None else replace(cfg.rollout.limits(), uid_base=uid_base)
+        pool = run_sync(cfg.rollout.kernel_pool(pool_size, task.tools, limits,
                                                 post=lambda: post_spec(generator.tokenizer)).start())
         opened.callback(lambda: run_sync(pool.close()))
         yield Env(generator, pool, task, EpisodeRules.from_config(cfg.rollout), rewards,

@@ -37,9 +37,11 @@ test or the sandbox's loop thread). vLLM starts its engine as a spawned process 
 CUDA), so a script that creates a VLLMGenerator needs the ``if __name__ == "__main__":`` guard.
 
 The package's rooms: ``engine.py`` (``VLLMGenerator``: the engine's start, event loop thread and shutdown),
-``session.py`` (``VLLMSession``: one streaming request a row, fed a line at a time), ``weights.py`` (the weight
-sync: ``WeightSync``, mixed into the generator, the flat buffers and the worker extension), ``line_rule.py`` (the
-line rule as a vLLM logits processor). This file checks the install and imports vLLM before any of them.
+``session.py`` (``VLLMSession``: one streaming request a row, fed a line at a time; it reads its generator through
+``SessionHost`` and does not import ``engine.py``), ``weights.py`` (the weight sync: ``EngineWeights``, which the
+generator holds as ``weights``, each sync an ``EngineSync`` through ``weight_buckets.Transport``; the flat buffers
+and the worker extension), ``line_rule.py`` (the line rule as a vLLM logits processor). This file checks the
+install and imports vLLM before any of them.
 """
 
 from __future__ import annotations
@@ -75,19 +77,28 @@ except Exception as e:  # not installed, or installed against another torch (e.g
 from replrl.backends.step_log import StepLog  # noqa: E402
 from replrl.backends.vllm.engine import (  # noqa: E402
     VLLM_DEFAULT_MAX_NUM_SEQS,
+    VLLM_SLEEP_LEVEL,
     VLLMGenerator,
     _check_cpu_head_size,
     step_logger_class,
 )
 from replrl.backends.vllm.engine_loop import EngineLoop  # noqa: E402
 from replrl.backends.vllm.line_rule import LINE_RULE_KEY, MASKS_FILE, LineRuleLogitsProcessor  # noqa: E402
-from replrl.backends.vllm.session import TIMING_KEYS, EngineStopped, VLLMSession, _Row, _Stream  # noqa: E402
+from replrl.backends.vllm.session import (  # noqa: E402
+    TIMING_KEYS,
+    EngineStopped,
+    SessionHost,
+    VLLMSession,
+    _Row,
+    _Stream,
+)
 from replrl.backends.vllm.weights import (  # noqa: E402
     SYNC_TRANSPORTS,
     CudaWeights,
+    EngineSync,
+    EngineWeights,
     FlatWeights,
     SharedWeights,
-    WeightSync,
     WeightSyncExtension,
     WeightSyncTimeout,
     WeightTable,
@@ -100,9 +111,10 @@ from replrl.backends.vllm.weights import (  # noqa: E402
 )
 
 __all__ = [
-    "LINE_RULE_KEY", "MASKS_FILE", "SYNC_TRANSPORTS", "TIMING_KEYS", "VLLM_DEFAULT_MAX_NUM_SEQS", "CudaWeights",
-    "EngineStopped", "FlatWeights", "LineRuleLogitsProcessor", "SharedWeights", "StepLog", "VLLMGenerator",
-    "VLLMSession", "WeightSync", "WeightSyncExtension", "WeightSyncTimeout", "WeightTable", "EngineLoop", "_Row",
+    "LINE_RULE_KEY", "MASKS_FILE", "SYNC_TRANSPORTS", "TIMING_KEYS", "VLLM_DEFAULT_MAX_NUM_SEQS", "VLLM_SLEEP_LEVEL",
+    "CudaWeights", "EngineStopped", "EngineSync", "EngineWeights", "FlatWeights", "LineRuleLogitsProcessor",
+    "SessionHost", "SharedWeights", "StepLog", "VLLMGenerator", "VLLMSession", "WeightSyncExtension",
+    "WeightSyncTimeout", "WeightTable", "EngineLoop", "_Row",
     "_Stream", "_check_cpu_head_size", "_unflatten", "hf_weights", "merged", "pack_weights",
     "remove_stale_weight_files", "step_logger_class", "weight_table", "vllm",
 ]

@@ -1,6 +1,7 @@
 """``VLLMGenerator``: vLLM's async engine started from a transformers model, on the sandbox's loop thread
 (``engine_loop.py``: the episodes and kernels run there too); its
-sessions (``session.py``), its weight sync (``weights.py``, mixed in) and its line rule (``line_rule.py``)."""
+sessions (``session.py``, which reads the generator through its ``SessionHost`` protocol), its weight sync
+(``weights.py``: an ``EngineWeights``, held as ``weights``) and its line rule (``line_rule.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import json
 import logging
 import shutil
 import tempfile
-import time
 import weakref
 from collections.abc import Coroutine
 from pathlib import Path
@@ -26,7 +26,7 @@ from replrl.backends.vllm.engine_loop import EngineLoop
 from replrl.backends.vllm.line_rule import MASKS_FILE, LineRuleLogitsProcessor
 from replrl.backends.vllm.line_stop import STOPS_FILE, engine_ready
 from replrl.backends.vllm.session import EngineStopped, VLLMSession
-from replrl.backends.vllm.weights import SYNC_TRANSPORTS, FlatWeights, WeightSync, WeightSyncExtension
+from replrl.backends.vllm.weights import EngineWeights, WeightSyncExtension
 from replrl.contract import eos_ids, line_end_ids, token_masks
 from replrl.types import SamplingParams
 
@@ -37,6 +37,9 @@ LINE_OUTPUT_INTERVAL = 1 << 20
 tokens, and at each line's end; no line is this long."""
 VLLM_DEFAULT_MAX_NUM_SEQS = 128
 """The requests vLLM's engine runs at once when it is started as replrl starts it (``SchedulerConfig``'s default)."""
+VLLM_SLEEP_LEVEL = 2
+"""Sleep level used during the update: 2 frees the KV cache and drops the weights (they are copied in after the
+update anyway); 1 would keep a copy of them in host memory."""
 
 def _check_cpu_head_size(config: Any) -> None:
     """vLLM's CPU attention takes only some head sizes, and finds out at the first forward pass, when the engine
@@ -74,7 +77,7 @@ def step_logger_class(log: StepLog) -> type:
 
 
 
-class VLLMGenerator(WeightSync):
+class VLLMGenerator:
     """Generator over vLLM's async engine, started from a transformers model (see the module docstring).
 
     ``model`` is the policy module (its config and dtype define the engine's model; its weights are copied in by
@@ -96,7 +99,15 @@ class VLLMGenerator(WeightSync):
     per line, at the line's end (vLLM's ``stream_interval`` set past any line: a streaming-input request may not
     ask for ``FINAL_ONLY``), which spares the trainer's process an output object, a queue hand-over and a wake-up
     per token.
+
+    Its weight side is composed, not inherited: ``weights`` (an ``EngineWeights``) holds the sync's settings, its
+    buffer and what the last sync did (``weights.last_sync_s``; ``last_sync_transport`` is read through here).
     """
+
+    version: int = 0
+    """The policy version the engine samples with (``sync_weights``'s; 0: the weights it was started with)."""
+    own_weights = True
+    """The engine holds its own copy of the weights, which ``sync_weights`` fills."""
 
     def __init__(
         self,
@@ -116,19 +127,11 @@ class VLLMGenerator(WeightSync):
         step_stats: bool = False,
         per_token_outputs: bool = False,
     ):
-        if sync_transport not in SYNC_TRANSPORTS:
-            raise ValueError(f"sync_transport must be one of {', '.join(SYNC_TRANSPORTS)}, not {sync_transport!r}")
-        if not sync_timeout_s > 0:
-            raise ValueError("sync_timeout_s must be > 0")
-        self.sync_transport, self.sync_timeout_s = sync_transport, float(sync_timeout_s)
-        self.sync_bucket_bytes = int(sync_bucket_bytes)
-        """The weight sync's bucket size (``weight_buckets.plan``: whole decoder layers, a larger layer alone)."""
-        self._shared: FlatWeights | None = None
-        self._ipc_failed = False
-        self.last_sync_s = float("nan")
-        """Seconds the last ``sync_weights`` took."""
-        self.last_sync_transport = ""
-        """The transport the last ``sync_weights`` used (``auto`` resolved)."""
+        self.loop = EngineLoop()
+        """The event loop thread the engine, its rows' streams and the episodes run on (``engine_loop.py``)."""
+        cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+        self.weights = EngineWeights(self.loop, cuda=cuda, transport=sync_transport, timeout_s=sync_timeout_s,
+                                     bucket_bytes=sync_bucket_bytes)  # (checks the settings before the engine starts)
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
@@ -140,7 +143,6 @@ class VLLMGenerator(WeightSync):
         self.line_end = line_end_ids(tokenizer)
         self.stop_ids = sorted(self.line_end | self.eos)
         vocab = base.get_output_embeddings().weight.shape[0]
-        cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
         if not cuda:
             _check_cpu_head_size(config)
 
@@ -161,7 +163,6 @@ class VLLMGenerator(WeightSync):
             worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
             max_model_len=max_model_len, disable_log_stats=True,
         )
-        self._cuda = cuda
         if cuda:
             args["gpu_memory_utilization"] = gpu_memory_utilization
             if kv_cache_gib is not None:  # a fixed KV cache: no memory profiling (which assumes no other process
@@ -190,20 +191,42 @@ class VLLMGenerator(WeightSync):
             args["stream_interval"] = LINE_OUTPUT_INTERVAL  # (a vLLM without the setting: per-token outputs)
         args.update(engine_args or {})
         self.per_token_outputs = int(args.get("stream_interval", 1)) <= 1
-        self._loop = EngineLoop()
-        self._tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
+        self.tasks: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
         """The tasks of this engine's sessions' row streams (cancelled when it shuts down)."""
-        self._finalizer = weakref.finalize(self, _shutdown, None, self._loop, self._dir, self._tasks)
+        self._finalizer = weakref.finalize(self, _shutdown, None, self.loop, self._dir, self.tasks)
         loggers = [step_logger_class(self.step_log)] if self.step_log is not None else None
-        self.engine: AsyncLLM = self._loop.call(_start(AsyncEngineArgs(**args), loggers))
+        self.engine: AsyncLLM = self.loop.call(_start(AsyncEngineArgs(**args), loggers))
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self._loop, self._dir, self._tasks)
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.loop, self._dir, self.tasks)
         self.max_model_len = self.engine.model_config.max_model_len
-        self.line_stops: str | None = str(self._dir / STOPS_FILE) if self._loop.call(engine_ready(self.engine)) \
+        self.line_stops: str | None = str(self._dir / STOPS_FILE) if self.loop.call(engine_ready(self.engine)) \
             else None
         """The stop-id file a line's request names (``line_stop.py``: a set in the engine's scheduler); None where
         the engine's core has no wrapper: requests carry ``stop_ids``."""
         self.sync_weights(model)
+
+    @property
+    def last_sync_transport(self) -> str:
+        """How the last ``sync_weights`` moved the weights (``cuda_ipc``, ``shm`` or ``rpc``; ``auto`` resolved)."""
+        return self.weights.last_sync_transport
+
+    def sync_weights(self, model: Any, version: int | None = None) -> None:
+        """Copy ``model``'s weights into the engine (``EngineWeights.sync``: in memory, see ``sync_transport``;
+        loaded by vLLM's in-place reload) and drop the prefix cache computed with the old ones; the engine samples
+        with ``version`` from now on (None: the next one). Call it between rollouts (no request in flight). Raises
+        ``WeightSyncTimeout`` (one line) when it takes longer than ``sync_timeout_s``."""
+        self._check_open()
+        self.weights.sync(self.engine, model)
+        self.version = self.version + 1 if version is None else int(version)
+
+    def sleep(self) -> None:
+        """Put the engine to sleep (``VLLM_SLEEP_LEVEL``) so the update can use its GPU memory (needs the engine
+        started with ``enable_sleep_mode``: ``model.vllm_sleep``); ``wake``, then ``sync_weights``, bring it back."""
+        self.loop.call(self.engine.sleep(level=VLLM_SLEEP_LEVEL))
+
+    def wake(self) -> None:
+        """Undo ``sleep``: the weights and the KV cache allocated again."""
+        self.loop.call(self.engine.wake_up())
 
     def session(self, prompts: list[list[int]], sampling: SamplingParams) -> VLLMSession:
         """Open a session: one row per prompt."""
@@ -216,18 +239,13 @@ class VLLMGenerator(WeightSync):
 
     def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on the engine's event loop and wait for it (for direct use of ``self.engine``)."""
-        return self._loop.call(coro)
+        return self.loop.call(coro)
 
     def close(self) -> None:
         """Shut the engine down (its processes exit) and remove its config directory and shared weights."""
-        if self._shared is not None and self.engine is not None:
-            try:  # the worker lets go of the weight buffer first (best effort: the engine may be gone)
-                self._bounded(self.engine.collective_rpc("replrl_release"), time.perf_counter() + 10)
-            except Exception:
-                pass
+        self.weights.release(self.engine)  # the worker lets go of the weight buffer first
         self._finalizer()
-        if self._shared is not None:
-            self._shared.close()
+        self.weights.close()
         # the last reference to the engine: collected now, not at interpreter exit, where its __del__ (shutdown
         # again) would find vLLM's module globals already gone and print an ignored exception
         self.engine = None  # type: ignore[assignment]

@@ -1,5 +1,6 @@
 """A GenSession over vLLM's engine: each row is one resumable (streaming-input) request, fed one line at a time
-(see the package docstring)."""
+(see the package docstring). What a session reads of its generator is ``SessionHost`` (``VLLMGenerator`` is one):
+this module does not import ``engine.py``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import asyncio
 import itertools
 import os
 import time
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import vllm
 from vllm.engine.protocol import StreamingInput
@@ -16,19 +18,43 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from replrl.backends import BackendError
+from replrl.backends.vllm.engine_loop import EngineLoop
 from replrl.backends.vllm.line_rule import LINE_RULE_KEY
 from replrl.backends.vllm.line_stop import LINE_STOP_KEY
 from replrl.contract import row_seed
 from replrl.types import LineSample, SamplingParams
-
-if TYPE_CHECKING:
-    from replrl.backends.vllm.engine import VLLMGenerator
 
 TIMING_KEYS = ("line_s", "first_token_s", "lines", "later_tokens_s", "later_tokens", "between_lines_s")
 """``VLLMSession.timing``'s counters."""
 
 class EngineStopped(BackendError):
     """vLLM's engine process stopped (the line is ours; vLLM's own log, printed above it, names the cause)."""
+
+
+class SessionHost(Protocol):
+    """What a ``VLLMSession`` reads of the generator that opened it (``VLLMGenerator`` is one)."""
+
+    engine: Any
+    """vLLM's ``AsyncLLM``: ``generate`` takes a row's streaming request."""
+    loop: EngineLoop
+    """The engine's event loop thread: a row's request lives on it."""
+    tasks: weakref.WeakSet[asyncio.Task]
+    """Where a row's stream registers its task (the generator cancels them when the engine shuts down)."""
+    eos: frozenset[int]
+    """End-of-sequence ids (a line that ends with one: finish "eos")."""
+    line_end: frozenset[int]
+    """Ids whose text ends with a newline (finish "newline")."""
+    stop_ids: list[int]
+    """Both, sorted: a request's ``stop_token_ids`` (where ``line_stops`` is None)."""
+    line_stops: str | None
+    """The stop-id file a line's request names (``line_stop.py``: a set in the engine's scheduler); None: requests
+    carry ``stop_ids``."""
+    logit_bias: dict[int, float] | None
+    """Added to the logits before anything else (tests make tiny random models end lines with it)."""
+    max_model_len: int
+    """Prompt plus line: a row's transcript must leave room for one more token."""
+    per_token_outputs: bool
+    """The engine hands a row every token as it comes (else one output a line: no first-token time)."""
 
 
 
@@ -62,21 +88,21 @@ class _Stream:
     last line, which vLLM drops from a stopped turn, then the environment's). Lives and dies on the engine loop.
     """
 
-    def __init__(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams,
+    def __init__(self, gen: SessionHost, request_id: str, params: vllm.SamplingParams,
                  timing: dict[str, float] | None = None):
         self.chunks: asyncio.Queue[tuple[list[int], vllm.SamplingParams] | None] = asyncio.Queue()
         self.lines: asyncio.Queue[tuple[LineSample, int] | BaseException] = asyncio.Queue()
         self.timing = timing if timing is not None else dict.fromkeys(TIMING_KEYS, 0.0)
         self._sent = self._done = 0.0  # when the last chunk was handed over, when the last line came out
         self.task = asyncio.ensure_future(self._run(gen, request_id, params))
-        gen._tasks.add(self.task)  # cancelled if the engine shuts down first
+        gen.tasks.add(self.task)  # cancelled if the engine shuts down first
 
     async def _inputs(self) -> Any:
         while (chunk := await self.chunks.get()) is not None:
             ids, params = chunk
             yield StreamingInput(vllm.TokensPrompt(prompt_token_ids=ids), params)
 
-    async def _run(self, gen: VLLMGenerator, request_id: str, params: vllm.SamplingParams) -> None:
+    async def _run(self, gen: SessionHost, request_id: str, params: vllm.SamplingParams) -> None:
         tokens: list[int] = []
         logprobs: list[float] = []
         timing, first_at, first_n = self.timing, 0.0, 0
@@ -139,11 +165,11 @@ class _Stream:
 
 
 class VLLMSession:
-    """A GenSession over a VLLMGenerator's engine (see the module docstring)."""
+    """A GenSession over a ``SessionHost``'s engine (a ``VLLMGenerator``'s; see the module docstring)."""
 
     _ids = itertools.count()
 
-    def __init__(self, gen: VLLMGenerator, prompts: list[list[int]], sampling: SamplingParams):
+    def __init__(self, gen: SessionHost, prompts: list[list[int]], sampling: SamplingParams):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("VLLMSession needs at least one prompt, and every prompt needs at least one token")
         self._gen, self.sampling = gen, sampling
@@ -280,12 +306,12 @@ class VLLMSession:
     def _start(self, coro: Any) -> Any:
         """Run ``coro`` on the engine's loop: a task when the caller is on it (the episodes are, under
         ``sandbox.run_sync``: engine_loop.py), else a concurrent future handed over to it."""
-        if self._gen._loop.here():
+        if self._gen.loop.here():
             task = asyncio.ensure_future(coro)
             _running.add(task)  # held until done (the loop keeps only weak references to tasks)
             task.add_done_callback(_running.discard)
             return task
-        return self._gen._loop.submit(coro)
+        return self._gen.loop.submit(coro)
 
 
 _running: set[asyncio.Task] = set()

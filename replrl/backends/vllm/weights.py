@@ -1,5 +1,5 @@
 """The weight sync into vLLM's engine: ``EngineSync`` (one sync, the ``weight_buckets.Transport`` of its buckets),
-``WeightSync`` (the weight side of ``VLLMGenerator``'s Generator contract, mixed in), the flat buffers, the worker
+``EngineWeights`` (the weight side of ``VLLMGenerator``, held by it as ``weights``), the flat buffers, the worker
 extension.
 
 The engine starts from the model's config with placeholder weights (``load_format="dummy"``) and
@@ -275,11 +275,6 @@ class merged:  # noqa: N801  (a context manager named for what it does)
             self.model.unmerge_adapter()
 
 
-VLLM_SLEEP_LEVEL = 2
-"""Sleep level used during the update: 2 frees the KV cache and drops the weights (they are copied in after the
-update anyway); 1 would keep a copy of them in host memory."""
-
-
 class EngineSync:
     """One weight sync into a vLLM engine, as a ``weight_buckets.Transport``: ``run`` streams the model's weights in
     buckets, and ``send`` writes each into the flat buffer for ``transport`` and has the worker load it. It holds
@@ -340,84 +335,89 @@ class EngineSync:
             ) from None
 
 
-class WeightSync:
-    """The weight side of ``VLLMGenerator``'s ``Generator`` contract (mixed in): ``version``, ``sync_weights``,
-    ``sleep`` and ``wake``. A sync is an ``EngineSync`` (the buckets' transport) made from the generator's engine
-    (``engine``, ``_loop``) and sync settings (``sync_transport``, ``sync_timeout_s``, ``sync_bucket_bytes``, set in
-    ``VLLMGenerator.__init__``), whose outcome (the buffer, the transport used) the generator keeps."""
+class EngineWeights:
+    """The weight side of ``VLLMGenerator`` (composed: the generator holds one as ``weights`` and delegates its
+    ``sync_weights`` to ``sync``): the sync settings, the flat buffer kept from one sync to the next, whether CUDA
+    IPC failed here, and what the last sync did. Each sync is an ``EngineSync``, the ``weight_buckets.Transport``
+    its buckets go through, run on the engine's loop (``loop``); the engine is passed to each call, so nothing here
+    keeps it alive after the generator lets it go."""
 
-    engine: Any
-    _loop: Any
-    _cuda: bool
-    _shared: FlatWeights | None
-    _ipc_failed: bool
-    sync_transport: str
-    sync_timeout_s: float
-    sync_bucket_bytes: int
-    last_sync_s: float
-    last_sync_transport: str
-    version: int = 0
-    """The policy version the engine samples with (``sync_weights``'s; 0: the weights it was started with)."""
-    own_weights = True
-    """The engine holds its own copy of the weights, which ``sync_weights`` fills."""
+    def __init__(self, loop: Any, *, cuda: bool, transport: str = "auto", timeout_s: float = 300.0,
+                 bucket_bytes: int = 2**30):
+        if transport not in SYNC_TRANSPORTS:
+            raise ValueError(f"sync_transport must be one of {', '.join(SYNC_TRANSPORTS)}, not {transport!r}")
+        if not timeout_s > 0:
+            raise ValueError("sync_timeout_s must be > 0")
+        self.loop, self.cuda = loop, cuda
+        self.transport = transport
+        """How a sync moves the weights (``SYNC_TRANSPORTS``; ``auto`` is resolved per sync, ``transport_for``)."""
+        self.timeout_s = float(timeout_s)
+        """The bound on one sync (``WeightSyncTimeout`` past it)."""
+        self.bucket_bytes = int(bucket_bytes)
+        """The bucket size (``weight_buckets.plan``: whole decoder layers, a larger layer alone)."""
+        self.buffer: FlatWeights | None = None
+        """The flat buffer the last sync wrote (reused by the next while it fits)."""
+        self.ipc_failed = False
+        """``auto``'s CUDA IPC failed here once: shared memory from then on."""
+        self.last_sync_s = float("nan")
+        """Seconds the last ``sync`` took."""
+        self.last_sync_transport = ""
+        """The transport the last ``sync`` used (``auto`` resolved; "": none yet)."""
 
-    def _check_open(self) -> None:
-        raise NotImplementedError  # VLLMGenerator's
-
-    def sync_weights(self, model: Any, version: int | None = None) -> None:
-        """Copy ``model``'s weights into the engine (in memory, see ``sync_transport``; loaded by vLLM's in-place
-        reload) and drop the prefix cache computed with the old ones; the engine samples with ``version`` from now
-        on (None: the next one). Call it between rollouts (no request in flight). Raises ``WeightSyncTimeout`` (one
-        line) when it takes longer than ``sync_timeout_s``."""
-        self._check_open()
+    def sync(self, engine: Any, model: Any) -> None:
+        """Copy ``model``'s weights into ``engine`` (in memory, see ``transport``; loaded by vLLM's in-place reload)
+        and drop the prefix cache computed with the old ones. Call it between rollouts (no request in flight).
+        Raises ``WeightSyncTimeout`` (one line) when it takes longer than ``timeout_s``."""
         t0 = time.perf_counter()
         with merged(model), torch.no_grad():
             named = list(hf_weights(model))  # under FSDP2 DTensor shards: each bucket gathers its own (every rank)
-            sync = self._sync(self._transport(named), t0)
+            sync = self._sync(engine, self.transport_for(named), t0)
             try:
                 sync.run(named)
             except WeightSyncTimeout:
                 raise
             except Exception as e:
-                if self.sync_transport != "auto" or sync.transport != "cuda_ipc":
+                if self.transport != "auto" or sync.transport != "cuda_ipc":
                     raise
                 # auto's first choice failed (the engine on another GPU, IPC not allowed here): shared memory from
                 # now on, which works wherever the engine runs
                 logging.getLogger(__name__).warning("weight sync by CUDA IPC failed (%s); using shared memory",
                                                     str(e).strip().splitlines()[-1] if str(e).strip() else e)
-                self._ipc_failed = True
-                sync = self._sync("shm", t0, sync.buffer)
+                self.ipc_failed = True
+                sync = self._sync(engine, "shm", t0, sync.buffer)
                 sync.run(named)
             finally:
-                self._shared = sync.buffer
-        if not sync.bounded(self.engine.reset_prefix_cache()):
+                self.buffer = sync.buffer
+        if not sync.bounded(engine.reset_prefix_cache()):
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
         self.last_sync_s = time.perf_counter() - t0
         self.last_sync_transport = sync.transport
-        self.version = self.version + 1 if version is None else int(version)
 
-    def sleep(self) -> None:
-        """Put the engine to sleep (``VLLM_SLEEP_LEVEL``) so the update can use its GPU memory (needs the engine
-        started with ``enable_sleep_mode``: ``model.vllm_sleep``); ``wake``, then ``sync_weights``, bring it back."""
-        self._loop.call(self.engine.sleep(level=VLLM_SLEEP_LEVEL))
+    def transport_for(self, named: list[tuple[str, torch.Tensor]]) -> str:
+        """``transport`` with ``auto`` resolved: CUDA IPC when the weights and the engine are on a GPU (and it has
+        not failed here before), else shared memory."""
+        if self.transport != "auto":
+            return self.transport
+        on_gpu = self.cuda and bool(named) and named[0][1].is_cuda
+        return "cuda_ipc" if on_gpu and not self.ipc_failed else "shm"
 
-    def wake(self) -> None:
-        """Undo ``sleep``: the weights and the KV cache allocated again."""
-        self._loop.call(self.engine.wake_up())
+    def release(self, engine: Any) -> None:
+        """The worker lets go of the weight buffer (before the engine stops: a CUDA IPC buffer's producer, the
+        trainer, must not exit while the worker holds it); best effort, bounded: the engine may be gone."""
+        if self.buffer is None or engine is None:
+            return
+        try:
+            EngineSync(engine, self.loop, "", None, time.perf_counter() + 10, self.timeout_s, 0).bounded(
+                engine.collective_rpc("replrl_release"))
+        except Exception:
+            pass
 
-    def _sync(self, transport: str, t0: float, buffer: FlatWeights | None = None) -> EngineSync:
-        return EngineSync(self.engine, self._loop, transport, buffer if buffer is not None else self._shared,
-                          t0 + self.sync_timeout_s, self.sync_timeout_s, self.sync_bucket_bytes)
+    def close(self) -> None:
+        """Remove the buffer (after the engine has stopped)."""
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
 
-    def _transport(self, named: list[tuple[str, torch.Tensor]]) -> str:
-        """``sync_transport`` with ``auto`` resolved: CUDA IPC when the weights and the engine are on a GPU (and
-        it has not failed here before), else shared memory."""
-        if self.sync_transport != "auto":
-            return self.sync_transport
-        on_gpu = self._cuda and bool(named) and named[0][1].is_cuda
-        return "cuda_ipc" if on_gpu and not self._ipc_failed else "shm"
-
-    def _bounded(self, coro: Coroutine[Any, Any, _T], deadline: float) -> _T:
-        """Run ``coro`` on the engine's loop; ``WeightSyncTimeout`` if it is not done by ``deadline`` (``close``
-        releases the worker's buffer with it)."""
-        return EngineSync(self.engine, self._loop, "", None, deadline, self.sync_timeout_s, 0).bounded(coro)
+    def _sync(self, engine: Any, transport: str, t0: float, buffer: FlatWeights | None = None) -> EngineSync:
+        return EngineSync(engine, self.loop, transport, buffer if buffer is not None else self.buffer,
+                          t0 + self.timeout_s, self.timeout_s, self.bucket_bytes)
