@@ -376,7 +376,8 @@ def main() -> None:
     if not args.no_hf:
         gens["hf"] = open_generator(ModelConfig(backend="hf"), model, tokenizer)
     vllm_start = time.perf_counter() - t0
-    sync_s = gens["vllm"].weights.last_sync_s
+    # (commits before the weight sync was composed kept it on the generator: bench/host_ab.py runs them too)
+    sync_s = getattr(getattr(gens["vllm"], "weights", gens["vllm"]), "last_sync_s", 0.0)
     print(f"vLLM engine start {vllm_start:.1f} s, of which the weight copy (sync_weights) {sync_s:.1f} s")
 
     banned = token_masks(tokenizer, model.get_output_embeddings().weight.shape[0]).anywhere.nonzero()
