@@ -35,8 +35,9 @@ LINES = ["x = 21", "x * 2", "for i in range(3):\n    print(i)\n", "1/0", "submit
 STORE = 78_643_200
 
 
-def descendants() -> set[int]:
-    """Pids of this process's descendants (the cluster's raylets, GCS and workers; the kernels under them)."""
+def descendants(roots: set[int] | None = None) -> set[int]:
+    """Pids of the descendants of ``roots`` (default: this process), e.g. the cluster's raylets, GCS and workers and
+    the kernels under them."""
     children: dict[int, list[int]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -45,12 +46,29 @@ def descendants() -> set[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(pid))
-    found, todo = set(), [os.getpid()]
+    found, todo = set(), list(roots or {os.getpid()})
     while todo:
         for child in children.get(todo.pop(), []):
             found.add(child)
             todo.append(child)
     return found
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.update(int(c) for c in f.read().split())
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def alive(pid: int) -> bool:
@@ -67,6 +85,7 @@ class Mini:
     def __init__(self) -> None:
         from ray.cluster_utils import Cluster
 
+        self.before = _children(os.getpid())  # (what this process had started before the cluster: not Ray's)
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
             num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE, include_dashboard=False))
         self.worker = self.cluster.add_node(num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE)
@@ -77,7 +96,11 @@ class Mini:
     def shutdown(self) -> None:
         if self.up:
             self.up = False
-            self.pids |= descendants()
+            # Ray's processes only: this test process has other descendants under pytest-xdist (the session pool's
+            # kernels, other modules' fork servers), which this module does not own. Ray's are the children started
+            # since the cluster was made whose command line names Ray, and everything under them.
+            roots = {p for p in _children(os.getpid()) - self.before if b"ray" in _cmdline(p)}
+            self.pids |= roots | descendants(roots)
             with contextlib.suppress(Exception):
                 ray.shutdown()
             self.cluster.shutdown()
