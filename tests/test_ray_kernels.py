@@ -25,6 +25,7 @@ from replrl.config import RolloutConfig  # noqa: E402
 from sandbox import KernelPool, Limits, run_sync  # noqa: E402
 from sandbox.ray_hosts import RayPool  # noqa: E402
 from tests.test_kernel_hosts import uids_running  # noqa: E402
+from tests.test_soak import descendants  # noqa: E402  (its roots: Ray's processes)
 
 pytestmark = pytest.mark.timeout(240)
 LABEL = "replrl_kernels"
@@ -33,25 +34,6 @@ BASE = 460_000
 LINES = ["x = 21", "x * 2", "for i in range(3):\n    print(i)\n", "1/0", "submit(x)", "print('é\\x00')",
          "import time; time.sleep(3)", "x"]
 STORE = 78_643_200
-
-
-def descendants(roots: set[int] | None = None) -> set[int]:
-    """Pids of the descendants of ``roots`` (default: this process), e.g. the cluster's raylets, GCS and workers and
-    the kernels under them."""
-    children: dict[int, list[int]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(pid))
-    found, todo = set(), list(roots or {os.getpid()})
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def _children(pid: int) -> set[int]:

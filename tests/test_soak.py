@@ -22,8 +22,8 @@ pytestmark = pytest.mark.timeout(600)
 MAX_TOTAL, MAX_OUTPUT = 256, 48
 
 
-def descendants() -> set[int]:
-    """Pids of every live descendant of this process."""
+def descendants(roots: set[int] | None = None) -> set[int]:
+    """Pids of every live descendant of ``roots`` (default: this process)."""
     children: dict[int, list[int]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -32,7 +32,7 @@ def descendants() -> set[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(pid))
-    found, todo = set(), [os.getpid()]
+    found, todo = set(), list(roots or {os.getpid()})
     while todo:
         for child in children.get(todo.pop(), []):
             found.add(child)
