@@ -7,6 +7,7 @@ reaches the loss or its gradient, whatever values (nan, -inf) the other tensors 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -23,6 +24,16 @@ def masked_mean(x: Tensor, loss_mask: Tensor) -> Tensor:
     """Mean of x [B, T] over the positions where loss_mask is 1 (0 when there are none); values elsewhere ignored."""
     on = loss_mask > 0                                                     # [B, T]
     return x.where(on, 0.0).sum() / on.sum().clamp(min=1)                  # []
+
+
+def rows_by_length(attention_mask: Tensor, first_last: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+    """A function that orders row indices [n] by their length in attention_mask [B, T] (right-padded), shortest
+    first, ties in the given order; with ``first_last`` [B] (bool), its False rows before its True rows. Cut into
+    micro-batches, the order keeps like lengths together, and a micro-batch is scored as long as its longest row."""
+    key = attention_mask.sum(1)                                            # [B]
+    if first_last is not None:
+        key = key + first_last.long() * (attention_mask.shape[1] + 1)      # [B]
+    return lambda rows: rows[key[rows].argsort(stable=True)]
 
 
 def agg_units(loss_mask: Tensor, agg: Aggregation) -> Tensor:

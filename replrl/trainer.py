@@ -52,7 +52,7 @@ from .contract import TokenMasks, token_masks
 from .draw import Drawer, Drawn, ProblemStream, agree
 from .dynamic_sampling import WAVE_SEED_STRIDE, check_signal, group_has_contrast
 from .evaluation import EvaluationStopped, eval_config, evaluate, extra_eval_config, split_rows
-from .loss import TokenScorer, agg_units, grpo_loss, masked_mean
+from .loss import TokenScorer, agg_units, grpo_loss, masked_mean, rows_by_length
 from .metrics import EvalWaves, MetricsWriter, missing_trackers, open_trackers
 from .policy import (
     apply_lora_config,
@@ -663,6 +663,10 @@ class Trainer:
         kl_term = ref is not None and bool(cfg.loss.kl_coef)
         gen = torch.Generator().manual_seed(cfg.run.seed + self.step)
         scored_adv = adv.masked_fill(batch["loss_mask"] == 0, 0.0)                           # [B, T]
+        # each minibatch's rows by length (those without a scored advantage first: their micro-batches skip the
+        # backward): a micro-batch is as long as its longest row, so like lengths together score fewer pad tokens
+        # (a default-run batch: 1.36x its real tokens in the order drawn, 1.12x so). The loss is the same sum.
+        by_length = rows_by_length(batch["attention_mask"], scored_adv.ne(0).any(1))
         # torch.chunk gives fewer parts than asked for some sizes (5 rows in 4: 3 parts): the most over the ranks
         n_minibatches = self.ranks.max([len(torch.arange(B).chunk(cfg.optim.minibatches))])[0]
         for _ in range(cfg.optim.epochs):
@@ -670,6 +674,7 @@ class Trainer:
             minibatches = list(order.chunk(cfg.optim.minibatches))
             minibatches += [order[:0]] * (n_minibatches - len(minibatches))  # empty: padding micro-batches only
             for mb in minibatches:
+                mb = by_length(mb)
                 self.optimizer.zero_grad(set_to_none=True)
                 weights, share = self._micro_weights(batch, mb)
                 self.predict_output.start_minibatch(batch, mb, self.ranks.sum, self._grad_scale)
@@ -762,7 +767,8 @@ class Trainer:
         missing ones score the batch's first row, for nothing."""
         device = self.accelerator.device
         out = torch.zeros_like(batch["old_logprobs"])
-        micros = list(torch.arange(batch["input_ids"].shape[0]).split(self.cfg.optim.micro_batch))
+        micros = list(rows_by_length(batch["attention_mask"])(torch.arange(batch["input_ids"].shape[0])).split(
+            self.cfg.optim.micro_batch))  # like lengths together: fewer pad tokens scored
         most = self.ranks.max([len(micros)])[0]
         for k in range(max(most, len(micros))):
             micro = micros[k] if k < len(micros) else torch.arange(1)

@@ -298,3 +298,17 @@ def test_gradient_checkpointing_on_a_model_without_it_is_a_clear_error():
 
     with pytest.raises(ValueError, match="optim.gradient_checkpointing: Linear does not support it"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_rows_by_length_orders_a_minibatch_shortest_first_and_the_flagged_rows_last():
+    from replrl.loss import rows_by_length
+
+    lengths = [5, 2, 7, 2, 4, 6]
+    att = torch.tensor([[1] * n + [0] * (8 - n) for n in lengths])
+    assert rows_by_length(att)(torch.arange(6)).tolist() == [1, 3, 4, 0, 5, 2]  # ties keep their order
+    assert rows_by_length(att)(torch.tensor([2, 0, 3])).tolist() == [3, 0, 2]  # a minibatch's own rows only
+    flagged = torch.tensor([True, False, True, True, False, False])  # e.g. rows with an advantage to learn from
+    assert rows_by_length(att, flagged)(torch.arange(6)).tolist() == [1, 4, 5, 3, 0, 2]
+    # the tokens micro-batches of 2 score (each as long as its longest row): 28 in this order, 36 in the given one
+    padded = lambda order: sum(max(lengths[k] for k in order[i:i + 2]) * 2 for i in range(0, 6, 2))  # noqa: E731
+    assert (padded(rows_by_length(att)(torch.arange(6)).tolist()), padded(list(range(6)))) == (28, 36)

@@ -39,7 +39,7 @@ from replrl.rollout import (  # noqa: E402
 from replrl.types import SamplingParams, Trajectory  # noqa: E402
 from sandbox import KernelPool, Limits, run_sync  # noqa: E402
 from tests.scripted import SCRIPTS, ScriptTask, script_sequences, teach_scripts  # noqa: E402
-from tests.test_backend_vllm import ATOL, EAGER  # noqa: E402
+from tests.test_backend_vllm import ATOL, NO_COMPILE  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 TREE = TreeShape(roots=2, branch_at=(2, 4), width=2)
@@ -71,7 +71,7 @@ def engine(scripted):
     model, tokenizer = scripted
     gen = vllm_backend.VLLMGenerator(model, tokenizer, max_model_len=1024, kv_cache_gib=0.5,
                                      engine_args={"disable_log_stats": False,  # the prefix-cache counters below
-                                                  **(EAGER or {})})
+                                                  **NO_COMPILE})
     yield gen
     gen.close()
 
