@@ -367,3 +367,26 @@ def cluster_report(address: str | None = None, resource: str = "", limits: Limit
     finally:
         if owns:
             ray.shutdown()
+
+
+def cluster_isolation(address: str | None = None, resource: str = "", limits: Limits | None = None,
+                      timeout: float = 60.0) -> tuple[str, list[dict]]:
+    """The sandbox level kernels get on the Ray cluster: the weakest over the nodes that take kernels
+    (``cluster_report``'s rows), and those nodes' rows. A node without any sandbox is left out, as ``RayPool`` leaves
+    it out (its host cannot start), and logged; SandboxUnavailable in one line when no node takes kernels or none of
+    them has a sandbox."""
+    from .limits import LEVELS
+
+    rows = cluster_report(address, resource, limits, timeout)
+    able = [r for r in rows if r.get("isolation") in LEVELS]
+    for r in rows:
+        if r not in able:
+            log.warning("Ray node %s (%s) has no sandbox, so it takes no kernels: %s", str(r["node_id"])[:12],
+                        r.get("address"), r.get("why"))
+    if not rows:
+        raise SandboxUnavailable("no live Ray node takes kernels" + (
+            f" (none offers the resource {resource!r})" if resource else ""))
+    if not able:
+        raise SandboxUnavailable(f"no Ray node that takes kernels has a sandbox (node {str(rows[0]['node_id'])[:12]}: "
+                                 f"{rows[0].get('why')})")
+    return max((r["isolation"] for r in able), key=LEVELS.index), able

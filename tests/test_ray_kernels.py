@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import time
 
@@ -154,6 +155,46 @@ def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
     lines = ray_lines(cfg)  # `replrl env` with rollout.kernel_backend = ray: one line per node
     assert len(lines) == 3 and "token authentication: token" in lines[0] and "2 node(s)" in lines[0]
     assert all(f"sandbox {limits.resolve_isolation()}" in line for line in lines[1:]), lines
+
+
+def test_the_sandbox_level_of_ray_kernels_is_the_nodes_and_the_trainer_checks_it(mini, tmp_path, monkeypatch, caplog):
+    """With rollout.kernel_backend = ray the level that matters is the kernel nodes': the weakest over the nodes that
+    take kernels (``RolloutConfig.kernel_isolation``), so this machine needs no sandbox; no node with one is one line.
+    The Trainer starts on it, its warning about a readable dataset names the nodes, environment.jsonl records them."""
+    import json
+    import logging
+
+    import replrl.trainer as trainer_module
+    from replrl.config import Config, ModelConfig, RunConfig, TaskConfig
+    from sandbox.errors import SandboxUnavailable
+
+    rollout = RolloutConfig(kernel_backend="ray", ray_resource=LABEL)
+    level, nodes = rollout.kernel_isolation()
+    ids = sorted([mini.cluster.head_node.node_id, mini.worker.node_id])
+    assert level == Limits().resolve_isolation() and sorted(n["node_id"] for n in nodes) == ids, nodes
+    for other, why in [(dict(isolation="rlimits"), "no Ray node that takes kernels has a sandbox (node "),
+                       (dict(ray_resource="nobody"), "no live Ray node takes kernels (none offers the resource")]:
+        with pytest.raises(SandboxUnavailable, match="^" + re.escape(why)) as err:
+            RolloutConfig(**{"kernel_backend": "ray", "ray_resource": LABEL, **other}).kernel_isolation()
+        assert "\n" not in str(err.value)
+
+    def no_sandbox_here(self):
+        raise SandboxUnavailable("no sandbox can start here")
+
+    monkeypatch.setattr(Limits, "resolve_isolation", no_sandbox_here)  # this process's; the nodes' run in Ray workers
+    monkeypatch.setattr(trainer_module, "hides_host_files", lambda level: False)  # as at the unshare level
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"question": "What is 2 + 2?", "answer": "#### 4"}) + "\n")
+    cfg = Config(model=ModelConfig(name="tiny"), task=TaskConfig(name="gsm8k", data=str(data)),
+                 run=RunConfig(max_steps=1, eval_n=0), rollout=rollout)
+    with caplog.at_level(logging.WARNING, logger="replrl.trainer"):
+        trainer = trainer_module.Trainer(cfg, tmp_path / "run", progress=False)
+    assert trainer.isolation == level and sorted(n["node_id"] for n in trainer.kernel_nodes) == ids
+    warnings = [r.getMessage() for r in caplog.records if "dataset" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0] and str(data) in warnings[0], caplog.text
+    assert all(i[:12] in warnings[0] for i in ids) and "can read files of those nodes" in warnings[0]
+    record = json.loads((tmp_path / "run" / "environment.jsonl").read_text().splitlines()[-1])
+    assert record["isolation"] == f"ray:{level}" and record["ray_nodes"] == dict.fromkeys(ids, level), record
 
 
 @pytest.mark.timeout(600)  # the session's format model, where this test process has not made it yet: 1-3 minutes
