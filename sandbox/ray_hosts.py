@@ -219,6 +219,12 @@ class _RayHost(_Host):
             self._stop()
 
 
+def _request_resources(bundles: list[dict]) -> None:
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=bundles)
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return (text[0] if text else "")[:300]
@@ -230,7 +236,8 @@ class RayPool(HostedPool):
     ``address``: the Ray cluster to join when Ray is not yet initialized in this process ("auto", "ray://...", a
     GCS address; None: ``RAY_ADDRESS`` or "auto"). ``kernels_per_node``: each host's kernels (0: ``size`` spread
     over the nodes). ``resource``: only nodes offering this custom resource take a host (``ray start
-    --resources='{"replrl_kernels": 1}'``), each host taking ``resource_amount`` of it; empty: every live node.
+    --resources='{"replrl_kernels": 1}'``), each host taking ``resource_amount`` of it; empty: every live node. A
+    lost host's replacement that finds no node with room asks Ray's autoscaler for it (``request_room``).
     """
 
     def __init__(self, size: int = 4, limits: Limits | None = None, tools: Sequence[str] = (),
@@ -247,8 +254,11 @@ class RayPool(HostedPool):
         self.resource, self.resource_amount = resource, resource_amount
         self.start_timeout_s = start_timeout_s
         self.replace_attempts = REPLACE_ATTEMPTS
+        self.requested = 0
+        """Kernel hosts this pool has asked Ray's autoscaler room for (``request_room``; 0: no request of its own)."""
         self._owns_ray = False
         self._warned: set[str] = set()
+        self._request_failed = False
 
     def _isolation(self) -> str:
         return "per node"  # each node resolves its own level (``nodes()``); this machine may have none
@@ -312,9 +322,37 @@ class RayPool(HostedPool):
 
         fits = [n for n in nodes if not self.resource or room(n) >= self.resource_amount]
         if not fits:
+            await self.request_room(len(self.hosts))  # a node the autoscaler adds (or one that comes back) takes it
             raise HostLost("no live Ray node has room for a kernel host" + (
                 f" (none offers a free {self.resource!r})" if self.resource else ""))
         return max(fits, key=room)["NodeID"]
+
+    async def request_room(self, hosts: int) -> None:
+        """Ask Ray's autoscaler for room for ``hosts`` of this pool's kernel hosts, one bundle of ``resource`` each
+        (``ray.autoscaler.sdk.request_resources``: the cluster is to fit them all, the hosts already placed
+        included; 0 withdraws the request). Only with ``resource``: without, every live node takes a host. A hint
+        the cluster keeps until the next request, anyone's (the GCS's key-value store, or with autoscaler v2 its
+        resource constraint), which a cluster without an autoscaler never reads; made again at each try of a
+        waiting replacement (another pool's request replaces it); a failure is logged once, never raised."""
+        if not self.resource or not hosts and not self.requested:
+            return
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                None, _request_resources, [{self.resource: self.resource_amount}] * hosts), RAY_CALL_TIMEOUT_S)
+            self.requested = hosts
+        except Exception as err:  # a timeout, or Ray's: the request is a hint, the replacement goes on without it
+            if not self._request_failed:
+                self._request_failed = True
+                log.warning("Ray's autoscaler could not be asked for room for %d kernel host(s): %s: %s", hosts,
+                            type(err).__name__, _first_line(err))
+
+    async def _replace(self, old: _Host) -> None:
+        try:
+            await super()._replace(old)
+        finally:  # placed, or given up: the autoscaler's request is withdrawn once no other replacement waits
+            if not self._closed and not any(t is not asyncio.current_task() and not t.done()
+                                            for t in self._replacing):
+                await self.request_room(0)
 
     def _saw_node(self, host: _RayHost) -> None:
         node = host.node
@@ -332,6 +370,7 @@ class RayPool(HostedPool):
 
     async def close(self) -> None:
         await super().close()
+        await self.request_room(0)
         if self._owns_ray:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.ray.shutdown),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -98,6 +99,32 @@ def mini():
         m.shutdown()
 
 
+def requested_room() -> list[dict]:
+    """The bundles Ray's autoscaler is asked to make room for (``ray.autoscaler.sdk.request_resources``), read where
+    Ray keeps them: the GCS's key-value store (autoscaler v1: this mini-cluster), or the GCS's cluster resource
+    constraints (autoscaler v2: ``RAY_enable_autoscaler_v2=1``)."""
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+    from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+    if is_autoscaler_v2():
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+
+        state = get_cluster_resource_state(internal_kv_get_gcs_client())
+        return [dict(r.request.resources_bundle) for c in state.cluster_resource_constraints
+                for r in c.resource_requests for _ in range(r.count)]
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    return json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL) or b"[]")
+
+
+def until(check, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return check()
+
+
 def local_results(limits: Limits) -> list[list]:
     async def go():
         async with KernelPool(size=2, limits=limits, tools=["submit"]) as pool:
@@ -161,7 +188,6 @@ def test_the_sandbox_level_of_ray_kernels_is_the_nodes_and_the_trainer_checks_it
     """With rollout.kernel_backend = ray the level that matters is the kernel nodes': the weakest over the nodes that
     take kernels (``RolloutConfig.kernel_isolation``), so this machine needs no sandbox; no node with one is one line.
     The Trainer starts on it, its warning about a readable dataset names the nodes, environment.jsonl records them."""
-    import json
     import logging
 
     import replrl.trainer as trainer_module
@@ -249,11 +275,20 @@ def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_
 
     try:
         crashed, took, after, lost = run_sync(lose_a_node())
-        # the head's one unit of LABEL is taken: the replacement waits for room, and a node that joins has it
+        # the head's one unit of LABEL is taken: the replacement waits for room, and asks Ray's autoscaler for it (a
+        # bundle for each of the pool's 2 hosts); a node that joins has it, and the request is withdrawn
+        t0 = time.monotonic()
+        asked = until(lambda: requested_room() == [{LABEL: 1.0}] * 2, 20.0)
+        asked_s = time.monotonic() - t0
         new_node = mini.cluster.add_node(num_cpus=1, resources={LABEL: 1}, object_store_memory=STORE).node_id
         placed = run_sync(replaced())
+        withdrawn = until(lambda: requested_room() == [], 10.0)
+        run_sync(pool.request_room(2))  # a request the pool still holds when it closes is withdrawn by its close
+        held = requested_room()
     finally:
         run_sync(pool.close())
+    assert asked, (requested_room(), asked_s)
+    assert withdrawn and held == [{LABEL: 1.0}] * 2 and requested_room() == [], (held, requested_room())
     assert crashed.status == "crashed" and crashed.restarted and "kernel host was lost" in crashed.limit, crashed
     assert took < 15.0, took  # Ray's word on the dead actor, not the line's end nor its deadline (36 s)
     assert after.status == "ok" and after.output == "after\n"  # a fresh kernel on the node that is left
