@@ -248,8 +248,9 @@ class RolloutConfig:
     ray (a kernel host as a Ray actor on each node of a Ray cluster, the same pool protocol and checks: docs/ray.md;
     needs the ray extra, pip install 'replrl[ray]'). Only the kernels go to Ray; training stays on accelerate."""
     ray_address: str = ""
-    """With kernel_backend = ray: the Ray cluster to join (auto, host:6379, ray://head:10001); empty: $RAY_ADDRESS,
-    else auto. Turn on Ray's token authentication on every node and here (RAY_AUTH_MODE=token, docs/ray.md)."""
+    """With kernel_backend = ray: the Ray cluster to join (auto, host:6379, or ray://head:10001 through a Ray Client
+    server: the kernel nodes' addresses must still be reachable from here); empty: $RAY_ADDRESS, else auto. Turn on
+    Ray's token authentication on every node and here (RAY_AUTH_MODE=token, docs/ray.md)."""
     ray_kernels_per_node: int = 0
     """With kernel_backend = ray: kernels each node's host keeps warm (0: the pool's size spread over the nodes)."""
     ray_resource: str = ""

@@ -133,6 +133,18 @@ def actor_class(ray: Any) -> Any:
     return _ACTOR
 
 
+def join(ray: Any, address: str | None) -> None:
+    """Join the Ray cluster at ``address`` as a driver ("auto", "HOST:PORT", or "ray://HOST:PORT" through a Ray Client
+    server; None: ``RAY_ADDRESS``, else "auto"); SandboxUnavailable in one line when it cannot."""
+    where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=where, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+    except Exception as err:  # Ray's: ConnectionError, or a client server's traceback as text
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        gist = " ".join(lines[:1] + lines[-1:] if len(lines) > 1 and lines[0].endswith(":") else lines[:1])[:500]
+        raise SandboxUnavailable(f"cannot join the Ray cluster at {where}: {type(err).__name__}: {gist}") from None
+
+
 def kernel_nodes(ray: Any, resource: str = "") -> list[dict]:
     """The live nodes that take kernel hosts: every live node, or those offering ``resource``."""
     return [n for n in ray.nodes() if n.get("Alive") and (not resource or n.get("Resources", {}).get(resource, 0) > 0)]
@@ -220,9 +232,16 @@ class _RayHost(_Host):
 
 
 def _request_resources(bundles: list[dict]) -> None:
+    """``ray.autoscaler.sdk.request_resources(bundles=...)``, from a Ray Client too: there this process has no GCS
+    client of its own (the call fails: "GCS client is not available"), so a task on the cluster makes it."""
+    import ray
     from ray.autoscaler.sdk import request_resources
+    from ray.util.client import ray as client
 
-    request_resources(bundles=bundles)
+    if client.is_connected():
+        ray.get(ray.remote(num_cpus=0, max_retries=0)(_request_resources).remote(bundles), timeout=RAY_CALL_TIMEOUT_S)
+    else:
+        request_resources(bundles=bundles)
 
 
 def _first_line(err: BaseException) -> str:
@@ -265,8 +284,7 @@ class RayPool(HostedPool):
 
     def _connect(self) -> None:
         if not self.ray.is_initialized():
-            self.ray.init(address=self.address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
-                          logging_level=logging.WARNING, configure_logging=False)
+            join(self.ray, self.address)
             self._owns_ray = True
 
     async def start(self) -> RayPool:
@@ -387,8 +405,7 @@ def cluster_report(address: str | None = None, resource: str = "", limits: Limit
 
     owns = not ray.is_initialized()
     if owns:
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
+        join(ray, address)
     try:
         task = ray.remote(num_cpus=0, max_retries=0)(node_report)
         nodes = kernel_nodes(ray, resource)

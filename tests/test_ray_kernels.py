@@ -1,7 +1,9 @@
 """Kernels on other machines (issue 67): kernel hosts as Ray actors on a two-node Ray mini-cluster on this machine
 (``ray.cluster_utils.Cluster``, token authentication on). The pool gives what the local pool gives, line for line
-over several kernels; a node removed mid-line ends that line as ``crashed`` within its deadline and the episode goes
-on; no process is left after shutdown. One cluster for the module (Ray's start is most of its time).
+over several kernels; the sandbox level a run checks is the nodes' (a Trainer starts without one here); a ``ray://``
+address works as a GCS address does; a node removed mid-line ends that line as ``crashed`` within its deadline and
+the episode goes on, its replacement asks Ray's autoscaler for room while it waits; no process is left after
+shutdown. One cluster for the module (Ray's start is most of its time).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import json
 import os
 import re
 import secrets
+import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +40,7 @@ BASE = 460_000
 LINES = ["x = 21", "x * 2", "for i in range(3):\n    print(i)\n", "1/0", "submit(x)", "print('é\\x00')",
          "import time; time.sleep(3)", "x"]
 STORE = 78_643_200
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _children(pid: int) -> set[int]:
@@ -184,6 +189,31 @@ def test_kernels_on_two_ray_nodes_give_what_local_kernels_give(mini):
     assert all(f"sandbox {limits.resolve_isolation()}" in line for line in lines[1:]), lines
 
 
+@pytest.mark.timeout(600)  # the session's format model, where this test process has not made it yet: 1-3 minutes
+def test_a_rollout_on_ray_kernels_gives_the_transcripts_of_local_kernels(mini, format_model_dir):
+    """The one door (``open_env``, through ``replrl.api``) with ``rollout.kernel_backend = ray``: the same episodes,
+    token for token, as with the local pool, the same seeds. (The tiny model taught to type ``submit(k)`` lines is
+    the session's, which the suite's other modules make anyway; a random model's lines never end.)"""
+    from replrl import api
+    from replrl.config import Config
+    from replrl.configlib import resolve
+
+    def cfg(**rollout):
+        return resolve(Config, None, {
+            "model": {"name": str(format_model_dir), "chat_template": False},
+            "task": {"name": "tests.toy:EchoTask"},
+            "rollout": {"max_lines": 3, "max_line_tokens": 16, "max_total_tokens": 384, "wall_s": 2.0,
+                        "temperature": 1.0, **rollout}})
+
+    local = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(), group_size=4)
+    on_ray = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(kernel_backend="ray", ray_resource=LABEL),
+                                 group_size=4)
+    assert [t.text for t in on_ray] == [t.text for t in local]
+    assert [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in on_ray] == \
+           [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in local]
+    assert sum(len(t.lines) for t in local) >= 8 and any(t.submitted for t in local)  # lines ran in the kernels
+
+
 def test_the_sandbox_level_of_ray_kernels_is_the_nodes_and_the_trainer_checks_it(mini, tmp_path, monkeypatch, caplog):
     """With rollout.kernel_backend = ray the level that matters is the kernel nodes': the weakest over the nodes that
     take kernels (``RolloutConfig.kernel_isolation``), so this machine needs no sandbox; no node with one is one line.
@@ -223,29 +253,75 @@ def test_the_sandbox_level_of_ray_kernels_is_the_nodes_and_the_trainer_checks_it
     assert record["isolation"] == f"ray:{level}" and record["ray_nodes"] == dict.fromkeys(ids, level), record
 
 
-@pytest.mark.timeout(600)  # the session's format model, where this test process has not made it yet: 1-3 minutes
-def test_a_rollout_on_ray_kernels_gives_the_transcripts_of_local_kernels(mini, format_model_dir):
-    """The one door (``open_env``, through ``replrl.api``) with ``rollout.kernel_backend = ray``: the same episodes,
-    token for token, as with the local pool, the same seeds. (The tiny model taught to type ``submit(k)`` lines is
-    the session's, which the suite's other modules make anyway; a random model's lines never end.)"""
-    from replrl import api
-    from replrl.config import Config
-    from replrl.configlib import resolve
+CLIENT = """
+import asyncio, json, sys
+from replrl.config import RolloutConfig
+from sandbox import Limits, run_sync
 
-    def cfg(**rollout):
-        return resolve(Config, None, {
-            "model": {"name": str(format_model_dir), "chat_template": False},
-            "task": {"name": "tests.toy:EchoTask"},
-            "rollout": {"max_lines": 3, "max_line_tokens": 16, "max_total_tokens": 384, "wall_s": 2.0,
-                        "temperature": 1.0, **rollout}})
+cfg = RolloutConfig(kernel_backend="ray", ray_address=sys.argv[1], ray_resource=sys.argv[2])
+pool = cfg.kernel_pool(2, ["submit"], Limits(wall_s=5.0, uid_base=int(sys.argv[3])))
 
-    local = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(), group_size=4)
-    on_ray = api.sample_episodes(str(format_model_dir), n=8, cfg=cfg(kernel_backend="ray", ray_resource=LABEL),
-                                 group_size=4)
-    assert [t.text for t in on_ray] == [t.text for t in local]
-    assert [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in on_ray] == \
-           [(t.token_ids, t.loss_mask, t.end_reason, t.reward) for t in local]
-    assert sum(len(t.lines) for t in local) >= 8 and any(t.submitted for t in local)  # lines ran in the kernels
+async def go():
+    async with pool:  # joins the cluster at ray://... (and leaves it when it closes)
+        async with pool.acquire() as k:
+            lines = [(await k.execute(code, mode="single")).output for code in ("x = 6", "x * 7", "submit(x)")]
+        level, nodes = await asyncio.get_running_loop().run_in_executor(None, cfg.kernel_isolation)
+        await pool.request_room(2)
+        print(json.dumps({"level": level, "nodes": sorted(n["node_id"] for n in nodes), "lines": lines,
+                          "hosts": sorted(n["node_id"] for n in pool.nodes()), "requested": pool.requested}),
+              flush=True)
+        sys.stdin.readline()  # the test reads the autoscaler's request where Ray keeps it, then lets the pool close
+
+run_sync(go())
+"""
+
+
+def test_a_ray_client_address_runs_kernels_as_a_gcs_address_does(mini, tmp_path):
+    """rollout.ray_address = "ray://HOST:PORT" (Ray Client): Ray's calls go through a client server on the cluster,
+    the lines over each host's own TCP connection as with a GCS address. The client server here is started by hand on
+    the module's cluster (``--mode=legacy``: one server for its clients; ``ray start --head --ray-client-server-port``
+    starts a proxy that forks one per client, which failed now and then on this machine: docs/ray.md). The client
+    runs in a process of its own (this one is a driver already)."""
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    server = subprocess.Popen([sys.executable, "-m", "ray.util.client.server", f"--address={mini.cluster.address}",
+                               "--host=127.0.0.1", f"--port={port}", "--mode=legacy"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client, log = None, (tmp_path / "client.err").open("w")
+    try:
+        assert until(lambda: _listening(port) or server.poll() is not None, 60.0) and server.poll() is None
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, f"ray://127.0.0.1:{port}", LABEL, str(BASE + 20_000)],
+                                  env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=log, text=True)
+        first = client.stdout.readline()  # (the test's own timeout bounds it)
+        held = requested_room()
+        client.communicate("close\n", timeout=60)
+    finally:
+        for proc in (client, server):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+                proc.kill()
+        log.close()
+    err = (tmp_path / "client.err").read_text()
+    assert client.returncode == 0 and first, err[-3000:]
+    out = json.loads(first)
+    ids = sorted([mini.cluster.head_node.node_id, mini.worker.node_id])
+    assert out["level"] == Limits().resolve_isolation() and out["nodes"] == ids and out["hosts"] == ids, out
+    assert out["lines"] == ["", "42\n", ""] and out["requested"] == 2, (out, err[-2000:])
+    assert held == [{LABEL: 1.0}] * 2 and requested_room() == [], (held, requested_room())  # made, then withdrawn
+    assert until(lambda: not uids_running(BASE + 20_000), 10.0)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_a_node_removed_mid_line_ends_that_line_as_a_crash_and_the_episode_goes_on(mini):
