@@ -248,8 +248,9 @@ class RolloutConfig:
     ray (a kernel host as a Ray actor on each node of a Ray cluster, the same pool protocol and checks: docs/ray.md;
     needs the ray extra, pip install 'replrl[ray]'). Only the kernels go to Ray; training stays on accelerate."""
     ray_address: str = ""
-    """With kernel_backend = ray: the Ray cluster to join (auto, host:6379, ray://head:10001); empty: $RAY_ADDRESS,
-    else auto. Turn on Ray's token authentication on every node and here (RAY_AUTH_MODE=token, docs/ray.md)."""
+    """With kernel_backend = ray: the Ray cluster to join (auto, host:6379, or ray://head:10001 through a Ray Client
+    server: the kernel nodes' addresses must still be reachable from here); empty: $RAY_ADDRESS, else auto. Turn on
+    Ray's token authentication on every node and here (RAY_AUTH_MODE=token, docs/ray.md)."""
     ray_kernels_per_node: int = 0
     """With kernel_backend = ray: kernels each node's host keeps warm (0: the pool's size spread over the nodes)."""
     ray_resource: str = ""
@@ -330,10 +331,7 @@ class RolloutConfig:
         ``kernel_refill``; ``post``: the hosts' post-processor, or a function giving it (called only where there
         are hosts)."""
         if self.kernel_backend == "ray":
-            import importlib.util
-
-            if importlib.util.find_spec("ray") is None:
-                raise ConfigError("rollout.kernel_backend = ray needs Ray >= 2.52: pip install 'replrl[ray]'")
+            _check_ray()
             from sandbox.ray_hosts import RayPool
 
             return RayPool(size, limits or self.limits(), tools, self.kernel_refill, address=self.ray_address or None,
@@ -342,11 +340,31 @@ class RolloutConfig:
 
         return open_pool(size, limits or self.limits(), tools, self.kernel_refill, self.kernel_hosts, post)
 
+    def kernel_isolation(self, limits=None) -> tuple[str, list[dict]]:
+        """The sandbox level this config's kernels run under, and where: ``(level, [])`` for kernels on this machine
+        (``limits().resolve_isolation()``); with kernel_backend = ray, the weakest level over the Ray nodes that take
+        kernels and those nodes' reports (``sandbox.ray_hosts.cluster_isolation``: a node without a sandbox is left
+        out, and this machine needs none). SandboxUnavailable in one line where no kernel could run."""
+        limits = limits or self.limits()
+        if self.kernel_backend != "ray":
+            return limits.resolve_isolation(), []
+        _check_ray()
+        from sandbox.ray_hosts import cluster_isolation
+
+        return cluster_isolation(self.ray_address or None, self.ray_resource, limits)
+
     def limits(self):
         from sandbox import Limits
 
         return Limits(wall_s=self.wall_s, isolation=self.isolation, memory_mb=self.memory_mb,  # type: ignore[arg-type]
                       max_dir_mb=self.kernel_dir_mb, fork_server=self.kernel_fork_server)
+
+
+def _check_ray() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("rollout.kernel_backend = ray needs Ray >= 2.52: pip install 'replrl[ray]'")
 
 
 @dataclass

@@ -103,6 +103,35 @@ def _autocast_forward(model: torch.nn.Module, accelerator: Any) -> None:
     model.forward = autocast_forward
 
 
+def warn_readable_dataset(isolation: str, nodes: list[dict], data: str, label: str = "") -> None:
+    """Say in one line that the model's code can read a dataset's file where the kernels' level has no filesystem
+    view: this machine's level (``nodes`` empty), or on the Ray nodes whose level is that (``nodes``: their
+    reports; there the file is readable where a node holds it: a shared file system, a copy)."""
+    if hides_host_files(isolation):
+        return
+    if not nodes and label:
+        log.warning("sandbox isolation %r has no filesystem view: the model's code can read the %s dataset %s",
+                    isolation, label, data)
+    elif not nodes:
+        log.warning("sandbox isolation %r has no filesystem view: the model's code can read the dataset %s (and its "
+                    "answers); install bubblewrap for the allowlisted view", isolation, data)
+    else:
+        weak = ", ".join(f"{str(n['node_id'])[:12]} ({n.get('host')}, {n['isolation']})" for n in nodes
+                         if not hides_host_files(n["isolation"]))
+        log.warning("sandbox isolation %r on Ray node(s) %s: no filesystem view, so the model's code can read files "
+                    "of those nodes; a %sdataset there (%s, on a shared file system or a copy) can be read with its "
+                    "answers; install bubblewrap on those nodes for the allowlisted view", isolation, weak,
+                    f"{label} " if label else "", data)
+
+
+def isolation_record(isolation: str, nodes: list[dict]) -> dict[str, Any]:
+    """What ``environment.jsonl`` records of the sandbox: this machine's level, or with kernels on Ray
+    ``"ray:LEVEL"`` (the weakest of the nodes' levels) and each node's level by its Ray node id."""
+    if not nodes:
+        return {"isolation": isolation}
+    return {"isolation": f"ray:{isolation}", "ray_nodes": {str(n["node_id"]): n["isolation"] for n in nodes}}
+
+
 class NullMetrics:
     """What a process other than the main one writes: nothing."""
 
@@ -158,7 +187,9 @@ class Trainer:
         if lora is not None:
             cfg = dataclasses.replace(cfg, model=apply_lora_config(cfg.model, lora))
         self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
-        self.isolation = cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before any work
+        # the kernels' sandbox level (this machine's; with kernel_backend = ray, the weakest of the Ray nodes that take
+        # kernels, kernel_nodes their reports); no sandbox where kernels would run: one line now, before any work
+        self.isolation, self.kernel_nodes = cfg.rollout.kernel_isolation()
         cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
         check_trainable(cfg.model, cpu)  # precision and adapters this machine cannot train: one line, now
         # broadcast_buffers off: the buffers of a causal LM (rotary tables) are the same on every rank, and DDP would
@@ -195,10 +226,8 @@ class Trainer:
         random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         self.task = task if task is not None else task_from_config(cfg)
-        if getattr(self.task, "data", None) and not hides_host_files(self.isolation):
-            log.warning("sandbox isolation %r has no filesystem view: the model's code can read the dataset %s "
-                        "(and its answers); install bubblewrap for the allowlisted view", self.isolation,
-                        self.task.data)
+        if getattr(self.task, "data", None):
+            warn_readable_dataset(self.isolation, self.kernel_nodes, self.task.data)
         self.train_rows = split_rows(self.task, cfg.task.train_split, cfg.task.limit)
         # held-out tasks, loaded now so that a bad one fails before any training
         self.held_out = [HeldOut("eval", cfg, self.task, cfg.run.eval_n)]
@@ -216,9 +245,8 @@ class Trainer:
             if tuple(task.tools) != tuple(self.task.tools):
                 raise ConfigError(f"the {label} task {task.name!r} injects other tools ({', '.join(task.tools)}) "
                                   f"than the training task ({', '.join(self.task.tools)})")
-            if task is not self.task and getattr(task, "data", None) and not hides_host_files(self.isolation):
-                log.warning("sandbox isolation %r has no filesystem view: the model's code can read the %s "
-                            "dataset %s", self.isolation, label, task.data)
+            if task is not self.task and getattr(task, "data", None):
+                warn_readable_dataset(self.isolation, self.kernel_nodes, task.data, label)
         model, self.tokenizer = load_policy(cfg.model, seed=cfg.run.seed,
                                             checkpoint=checkpoint.latest(self.run_dir) if resume else None)
         self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.kl_coef > 0 else None
@@ -278,7 +306,7 @@ class Trainer:
             cfg.run.report_to, self.run_dir, cfg.run.project, to_dict(cfg), self.step)) if self.main else NullMetrics()
         if self.main:  # which code and libraries this stretch of the run ran on (a resumed run may differ)
             record_environment(self.run_dir, self.step, backend=cfg.model.backend, device=str(self.accelerator.device),
-                               processes=self.world, isolation=self.isolation)
+                               processes=self.world, **isolation_record(self.isolation, self.kernel_nodes))
         self._banned: TokenMasks | None = None
         self._stop = False
         self._evaluating = False

@@ -133,6 +133,18 @@ def actor_class(ray: Any) -> Any:
     return _ACTOR
 
 
+def join(ray: Any, address: str | None) -> None:
+    """Join the Ray cluster at ``address`` as a driver ("auto", "HOST:PORT", or "ray://HOST:PORT" through a Ray Client
+    server; None: ``RAY_ADDRESS``, else "auto"); SandboxUnavailable in one line when it cannot."""
+    where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=where, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+    except Exception as err:  # Ray's: ConnectionError, or a client server's traceback as text
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        gist = " ".join(lines[:1] + lines[-1:] if len(lines) > 1 and lines[0].endswith(":") else lines[:1])[:500]
+        raise SandboxUnavailable(f"cannot join the Ray cluster at {where}: {type(err).__name__}: {gist}") from None
+
+
 def kernel_nodes(ray: Any, resource: str = "") -> list[dict]:
     """The live nodes that take kernel hosts: every live node, or those offering ``resource``."""
     return [n for n in ray.nodes() if n.get("Alive") and (not resource or n.get("Resources", {}).get(resource, 0) > 0)]
@@ -219,6 +231,19 @@ class _RayHost(_Host):
             self._stop()
 
 
+def _request_resources(bundles: list[dict]) -> None:
+    """``ray.autoscaler.sdk.request_resources(bundles=...)``, from a Ray Client too: there this process has no GCS
+    client of its own (the call fails: "GCS client is not available"), so a task on the cluster makes it."""
+    import ray
+    from ray.autoscaler.sdk import request_resources
+    from ray.util.client import ray as client
+
+    if client.is_connected():
+        ray.get(ray.remote(num_cpus=0, max_retries=0)(_request_resources).remote(bundles), timeout=RAY_CALL_TIMEOUT_S)
+    else:
+        request_resources(bundles=bundles)
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return (text[0] if text else "")[:300]
@@ -230,7 +255,8 @@ class RayPool(HostedPool):
     ``address``: the Ray cluster to join when Ray is not yet initialized in this process ("auto", "ray://...", a
     GCS address; None: ``RAY_ADDRESS`` or "auto"). ``kernels_per_node``: each host's kernels (0: ``size`` spread
     over the nodes). ``resource``: only nodes offering this custom resource take a host (``ray start
-    --resources='{"replrl_kernels": 1}'``), each host taking ``resource_amount`` of it; empty: every live node.
+    --resources='{"replrl_kernels": 1}'``), each host taking ``resource_amount`` of it; empty: every live node. A
+    lost host's replacement that finds no node with room asks Ray's autoscaler for it (``request_room``).
     """
 
     def __init__(self, size: int = 4, limits: Limits | None = None, tools: Sequence[str] = (),
@@ -247,16 +273,18 @@ class RayPool(HostedPool):
         self.resource, self.resource_amount = resource, resource_amount
         self.start_timeout_s = start_timeout_s
         self.replace_attempts = REPLACE_ATTEMPTS
+        self.requested = 0
+        """Kernel hosts this pool has asked Ray's autoscaler room for (``request_room``; 0: no request of its own)."""
         self._owns_ray = False
         self._warned: set[str] = set()
+        self._request_failed = False
 
     def _isolation(self) -> str:
         return "per node"  # each node resolves its own level (``nodes()``); this machine may have none
 
     def _connect(self) -> None:
         if not self.ray.is_initialized():
-            self.ray.init(address=self.address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
-                          logging_level=logging.WARNING, configure_logging=False)
+            join(self.ray, self.address)
             self._owns_ray = True
 
     async def start(self) -> RayPool:
@@ -312,9 +340,37 @@ class RayPool(HostedPool):
 
         fits = [n for n in nodes if not self.resource or room(n) >= self.resource_amount]
         if not fits:
+            await self.request_room(len(self.hosts))  # a node the autoscaler adds (or one that comes back) takes it
             raise HostLost("no live Ray node has room for a kernel host" + (
                 f" (none offers a free {self.resource!r})" if self.resource else ""))
         return max(fits, key=room)["NodeID"]
+
+    async def request_room(self, hosts: int) -> None:
+        """Ask Ray's autoscaler for room for ``hosts`` of this pool's kernel hosts, one bundle of ``resource`` each
+        (``ray.autoscaler.sdk.request_resources``: the cluster is to fit them all, the hosts already placed
+        included; 0 withdraws the request). Only with ``resource``: without, every live node takes a host. A hint
+        the cluster keeps until the next request, anyone's (the GCS's key-value store, or with autoscaler v2 its
+        resource constraint), which a cluster without an autoscaler never reads; made again at each try of a
+        waiting replacement (another pool's request replaces it); a failure is logged once, never raised."""
+        if not self.resource or not hosts and not self.requested:
+            return
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                None, _request_resources, [{self.resource: self.resource_amount}] * hosts), RAY_CALL_TIMEOUT_S)
+            self.requested = hosts
+        except Exception as err:  # a timeout, or Ray's: the request is a hint, the replacement goes on without it
+            if not self._request_failed:
+                self._request_failed = True
+                log.warning("Ray's autoscaler could not be asked for room for %d kernel host(s): %s: %s", hosts,
+                            type(err).__name__, _first_line(err))
+
+    async def _replace(self, old: _Host) -> None:
+        try:
+            await super()._replace(old)
+        finally:  # placed, or given up: the autoscaler's request is withdrawn once no other replacement waits
+            if not self._closed and not any(t is not asyncio.current_task() and not t.done()
+                                            for t in self._replacing):
+                await self.request_room(0)
 
     def _saw_node(self, host: _RayHost) -> None:
         node = host.node
@@ -332,6 +388,7 @@ class RayPool(HostedPool):
 
     async def close(self) -> None:
         await super().close()
+        await self.request_room(0)
         if self._owns_ray:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self.ray.shutdown),
@@ -348,8 +405,7 @@ def cluster_report(address: str | None = None, resource: str = "", limits: Limit
 
     owns = not ray.is_initialized()
     if owns:
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
+        join(ray, address)
     try:
         task = ray.remote(num_cpus=0, max_retries=0)(node_report)
         nodes = kernel_nodes(ray, resource)
@@ -367,3 +423,26 @@ def cluster_report(address: str | None = None, resource: str = "", limits: Limit
     finally:
         if owns:
             ray.shutdown()
+
+
+def cluster_isolation(address: str | None = None, resource: str = "", limits: Limits | None = None,
+                      timeout: float = 60.0) -> tuple[str, list[dict]]:
+    """The sandbox level kernels get on the Ray cluster: the weakest over the nodes that take kernels
+    (``cluster_report``'s rows), and those nodes' rows. A node without any sandbox is left out, as ``RayPool`` leaves
+    it out (its host cannot start), and logged; SandboxUnavailable in one line when no node takes kernels or none of
+    them has a sandbox."""
+    from .limits import LEVELS
+
+    rows = cluster_report(address, resource, limits, timeout)
+    able = [r for r in rows if r.get("isolation") in LEVELS]
+    for r in rows:
+        if r not in able:
+            log.warning("Ray node %s (%s) has no sandbox, so it takes no kernels: %s", str(r["node_id"])[:12],
+                        r.get("address"), r.get("why"))
+    if not rows:
+        raise SandboxUnavailable("no live Ray node takes kernels" + (
+            f" (none offers the resource {resource!r})" if resource else ""))
+    if not able:
+        raise SandboxUnavailable(f"no Ray node that takes kernels has a sandbox (node {str(rows[0]['node_id'])[:12]}: "
+                                 f"{rows[0].get('why')})")
+    return max((r["isolation"] for r in able), key=LEVELS.index), able

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.n < 1 or args.group_size < 1:
         raise ValueError("--n and --group-size must be >= 1")
-    cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
+    cfg.rollout.kernel_isolation()  # no sandbox where kernels run (here or on Ray): one line before a model loads
     n_problems = -(-args.n // args.group_size)
     with tqdm(total=n_problems * args.group_size, desc="rollout", unit="episode", file=sys.stderr) as bar:
         trajs, stats = rollout_episodes(cfg.model.name, args.n, cfg=cfg, group_size=args.group_size,

@@ -152,7 +152,7 @@ def run_eval(args: argparse.Namespace) -> int:
         if getattr(args, flag, None):
             overrides.setdefault(sec, {})[key] = getattr(args, flag)
     cfg = resolve(Config, args.config, overrides, base=base)
-    cfg.rollout.limits().resolve_isolation()  # no sandbox: one line now, before a model is loaded
+    cfg.rollout.kernel_isolation()  # no sandbox where kernels run (here or on Ray): one line before a model loads
     cfg.model.name = checkpoint.model_of(args.model)
     cfg.model.lora_rank = 0  # a checkpoint's adapters are loaded from the checkpoint itself
     samples = cfg.run.eval_samples if args.samples is None else args.samples
