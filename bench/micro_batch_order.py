@@ -86,7 +86,7 @@ def main() -> None:
                 trainer.update(batch, adv)
                 times[name].append(time.perf_counter() - t)
         trainer_module.rows_by_length = by_length
-        drift = max(float((a - b).abs().max()) for a, b in zip(
+        drift = max(float((a - b).detach().abs().max()) for a, b in zip(
             trainers["by_length"].model.parameters(), trainers["drawn"].model.parameters(), strict=True))
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
     real = sum(lengths)
