@@ -366,7 +366,9 @@ class Kernel:
     """A sandboxed Python kernel with persistent state. Use ``async with Kernel(limits) as k``.
 
     A kernel that dies (or is killed by the recovery ladder) is replaced by a fresh one: the result of the call
-    that lost it says ``restarted=True``, and later calls run on the new kernel.
+    that lost it says ``restarted=True``, and later calls run on the new kernel. One that died between calls (a
+    thread or timer its code left running ended it) is found at the next call, which does not run its code and
+    says ``crashed``, ``restarted=True``.
     """
 
     def __init__(self, limits: Limits | None = None, tools: Sequence[str] = (), *, _spawn: Spawner | None = None):
@@ -436,6 +438,14 @@ class Kernel:
         the same at end of input, as `python -i` ends: an unfinished statement is compiled as it stands.
         ``digest=True``: the result's ``state`` is a digest of the namespace afterwards (hashes only)."""
         t0 = time.perf_counter()
+        lost = self._proc
+        if lost is not None and not lost.alive:
+            # it died since its last line (code that line left running ended it, or a total between lines): this
+            # line does not run, and says the state is gone, as the line that crashed it would have (run on a
+            # fresh kernel instead, it would meet a namespace emptied without a word)
+            limit = lost.fault or (lost.budget.reason() if lost.budget is not None else None)
+            self._lose(lost)
+            return ExecResult("crashed", restarted=True, duration_s=time.perf_counter() - t0, limit=limit)
         try:
             proc = await self._ready()
         except KernelStartError as err:

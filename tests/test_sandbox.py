@@ -4,6 +4,7 @@ and no process is left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import textwrap
@@ -192,6 +193,25 @@ def test_kernel_replaced_after_crash_keeps_tools():
     crashed, again = run_sync(go())
     assert crashed.status == "crashed" and crashed.restarted
     assert again.status == "ok" and [c.args for c in again.tool_calls] == [[7]]
+
+
+def test_a_kernel_that_dies_between_lines_says_so_at_the_next_line():
+    """Code that leaves a timer behind ends its kernel after its line returned: the next line does not run on a
+    fresh kernel as if nothing happened (its variables silently gone), it says crashed and restarted; the one after
+    runs on the new kernel."""
+    async def go():
+        async with Kernel(LIMITS, tools=["submit"]) as kernel:
+            first = await kernel.execute("import os, threading; x = 1; threading.Timer(0.2, os._exit, (3,)).start()")
+            for _ in range(100):  # until the host has seen it go (the line after it takes the new path)
+                if not kernel._proc.alive:
+                    break
+                await asyncio.sleep(0.1)
+            return first, await kernel.execute("x", mode="single"), await kernel.execute("submit(2)", mode="single")
+
+    first, lost, after = run_sync(go())
+    assert first.status == "ok" and not first.restarted
+    assert (lost.status, lost.restarted, lost.output) == ("crashed", True, "")
+    assert after.status == "ok" and not after.restarted and [c.args for c in after.tool_calls] == [[2]]
 
 
 def test_pool_close_leaves_nothing_behind(monkeypatch):
