@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import torch
+from zero_gradient_skip import as_sampled  # bench/zero_gradient_skip.py
 
 import replrl.trainer as trainer_module
 from replrl.cli import run_script
@@ -66,16 +67,7 @@ def main() -> None:
             torch.manual_seed(0)
             trainers[name] = Trainer(cfg, f"{tmp}/{name}", progress=False)
         first = trainers["by_length"]
-        vocab = first._vocab()
-        batch = batch_of(lengths, vocab)
-        masks = first.banned(vocab)
-        allowed = (~(masks.line_start | masks.anywhere)).nonzero()[:, 0]   # ids the sampler may write anywhere
-        batch["old_logprobs"] = torch.zeros(batch["input_ids"].shape, dtype=torch.float)
-        for _ in range(2):  # the sampler's log-probs, the policy's own (ratio 1); a random id the sampler bans there
-            old = first._logprobs_no_grad(first.scorer, batch, first.sampling)
-            banned = (old == float("-inf")) & (batch["loss_mask"] > 0)
-            batch["input_ids"][banned] = allowed[torch.randint(len(allowed), (int(banned.sum()),))]
-        batch["old_logprobs"] = old
+        batch = as_sampled(first, batch_of(lengths, first._vocab()))
         signs = torch.tensor([1.0, -1.0, -1.0, 1.0] * (len(lengths) // 4))[:, None]      # every group a contrast
         adv = batch["loss_mask"] * signs
         times: dict[str, list[float]] = {k: [] for k in trainers}

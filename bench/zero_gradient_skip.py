@@ -31,6 +31,23 @@ from replrl.configlib import resolve
 from replrl.trainer import Trainer
 
 
+def as_sampled(trainer: Trainer, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` (random ids) as the sampler could have written it: a model-written id the sampler bans there (e.g. a
+    newline inside a line) replaced by one it allows anywhere, and ``old_logprobs`` the policy's own (ratio 1)."""
+    vocab = trainer._vocab()
+    masks = trainer.banned(vocab)
+    allowed = (~(masks.line_start | masks.anywhere)).nonzero()[:, 0]       # ids the sampler may write anywhere
+    batch["old_logprobs"] = torch.zeros(batch["input_ids"].shape)
+    for _ in range(2):
+        old = trainer._logprobs_no_grad(trainer.scorer, batch, trainer.sampling)
+        banned = (old == float("-inf")) & (batch["loss_mask"] > 0)
+        batch["input_ids"][banned] = allowed[torch.randint(len(allowed), (int(banned.sum()),))]
+    if banned.any():
+        raise SystemExit("the synthetic batch still has tokens the sampler bans")
+    batch["old_logprobs"] = old
+    return batch
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -50,17 +67,7 @@ def main() -> None:
             trainers[name] = Trainer(cfg, f"{tmp}/{name}", progress=False)
         trainers["full"].skip_zero_gradient = False
         vocab = trainers["skip"]._vocab()
-        batch = synthetic_batch(vocab, B, args.tokens)
-        batch["old_logprobs"] = torch.zeros(B, args.tokens)
-        masks = trainers["skip"].banned(vocab)
-        allowed = (~(masks.line_start | masks.anywhere)).nonzero()[:, 0]   # ids the sampler may write anywhere
-        for _ in range(2):  # the sampler's log-probs, the policy's own (ratio 1); a random id the sampler bans there
-            old = trainers["skip"]._logprobs_no_grad(trainers["skip"].scorer, batch, trainers["skip"].sampling)
-            banned = (old == float("-inf")) & (batch["loss_mask"] > 0)    # (e.g. a newline in a line) is replaced
-            batch["input_ids"][banned] = allowed[torch.randint(len(allowed), (int(banned.sum()),))]
-        if banned.any():
-            raise SystemExit("the synthetic batch still has tokens the sampler bans")
-        batch["old_logprobs"] = old
+        batch = as_sampled(trainers["skip"], synthetic_batch(vocab, B, args.tokens))
         signs = torch.tensor([1.0, -1.0, -1.0, 1.0]).repeat(args.groups)[:, None]           # [B, 1]
         rows = []
         for zero_frac in (0.0, 0.5, 1.0):

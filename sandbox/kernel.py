@@ -282,6 +282,11 @@ class KernelProcess:
         except Exception:  # a malformed, forged or replayed message: it answers nothing
             return None, None
 
+    def ended_by(self) -> str | None:
+        """What ended it, in words: what it sent (``fault``), else a total it broke (its budget's reason); None if
+        neither (it exited, crashed or is alive)."""
+        return self.fault or (self.budget.reason() if self.budget is not None else None)
+
     def end(self, why: str) -> None:
         """Kill the kernel now for what it sent (``why``, the host's words: no bytes of the kernel's); waiters see it
         dead at once, and ``fault`` says why."""
@@ -443,7 +448,7 @@ class Kernel:
             # it died since its last line (code that line left running ended it, or a total between lines): this
             # line does not run, and says the state is gone, as the line that crashed it would have (run on a
             # fresh kernel instead, it would meet a namespace emptied without a word)
-            limit = lost.fault or (lost.budget.reason() if lost.budget is not None else None)
+            limit = lost.ended_by()
             self._lose(lost)
             return ExecResult("crashed", restarted=True, duration_s=time.perf_counter() - t0, limit=limit)
         try:
@@ -465,7 +470,7 @@ class Kernel:
             died = not proc.alive
             if died and log.isEnabledFor(logging.INFO):  # the log is read only when it will be shown
                 log.info("sandboxed kernel died: %s", proc.log_tail())
-            limit = proc.fault or (proc.budget.reason() if died and proc.budget is not None else None)
+            limit = proc.ended_by() if died else proc.fault
             self._lose(proc)
             return ExecResult("crashed" if died and status != "timeout" else status, restarted=True,
                               error_name=None, duration_s=time.perf_counter() - t0, limit=limit)
@@ -475,7 +480,7 @@ class Kernel:
         except Malformed as err:  # code inside the kernel forged it: the kernel goes, the line says why
             proc.end(f"a malformed reply ({err})")
             result = ExecResult("crashed", duration_s=time.perf_counter() - t0)
-        limit = proc.fault or (proc.budget.reason() if proc.budget is not None else None)
+        limit = proc.ended_by()
         if limit is not None:  # a total was hit during the line (one of its processes was killed for it), or its
             self._lose(proc)   # traffic broke a budget: the kernel goes with it, and the line is a crash that says why
             result.status, result.restarted, result.limit = "crashed", True, limit
